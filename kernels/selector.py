@@ -1,0 +1,70 @@
+"""The DFlash 2 candidate selector (plain-torch reference).
+
+The drafter proposes the top-K tokens at every block position. The selector scores the edge from the
+token chosen at the previous position (a) to each candidate (b):
+
+    S_t(a, b) = U_t(b) + < A[a] * (W h_t), B[b] >
+
+U is the drafter's logit for b, A and B are rank-r codebooks over the vocabulary and W h_t projects the
+drafter's hidden state to rank r. A walk from the anchor picks, position by position, the argmax
+(greedy) or a sample from softmax(S_t(a, .) / T); that softmax is the proposal q of rejection sampling.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+
+def edge_scores(
+    unary: torch.Tensor,
+    candidates: torch.Tensor,
+    projected_hidden: torch.Tensor,
+    predecessors: torch.Tensor,
+    predecessor_codebook: torch.Tensor,
+    successor_codebook: torch.Tensor,
+) -> torch.Tensor:
+    """Scores of every candidate given its predecessor token.
+
+    unary, candidates: (..., K); projected_hidden: (..., r); predecessors: (...,) token ids.
+    Returns (..., K).
+    """
+    query = F.embedding(predecessors, predecessor_codebook) * projected_hidden
+    keys = F.embedding(candidates, successor_codebook)
+    return unary + torch.einsum("...r,...kr->...k", query, keys)
+
+
+def selector_walk(
+    logits: torch.Tensor,
+    projected_hidden: torch.Tensor,
+    anchor_ids: torch.Tensor,
+    predecessor_codebook: torch.Tensor,
+    successor_codebook: torch.Tensor,
+    top_k: int,
+    temperature: float,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Walk the block from the anchor.
+
+    logits: (batch, L, V); projected_hidden: (batch, L, r); anchor_ids: (batch,).
+    Returns the chosen tokens (batch, L), the candidates (batch, L, K) and, when sampling, the
+    proposal distributions over the candidates (batch, L, K).
+    """
+    # Unsorted top-k: the candidate order only matters for exact ties, and it matches the reference.
+    unary, candidates = torch.topk(logits, top_k, dim=-1, sorted=False)
+    predecessor = anchor_ids
+    path, proposals = [], []
+    for position in range(logits.shape[1]):
+        scores = edge_scores(
+            unary[:, position], candidates[:, position], projected_hidden[:, position],
+            predecessor, predecessor_codebook, successor_codebook,
+        )
+        if temperature > 0:
+            q = torch.softmax(scores.float() / temperature, dim=-1)
+            index = torch.multinomial(q, 1, generator=generator)[:, 0]
+            proposals.append(q)
+        else:
+            index = torch.argmax(scores, dim=-1)
+        predecessor = candidates[:, position].gather(-1, index[:, None])[:, 0]
+        path.append(predecessor)
+    return torch.stack(path, dim=1), candidates, torch.stack(proposals, dim=1) if proposals else None

@@ -1,0 +1,59 @@
+"""Tiny random targets, saved as ordinary HF directories with a real (word-level) tokenizer and a chat
+template, so every code path that loads a target directory can run in milliseconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
+)
+SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>", "<pad>", "<mask>"]
+
+ARCH_CONFIGS = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+}
+
+
+def make_tokenizer(vocab_size: int, with_mask: bool = False):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = SPECIALS if with_mask else SPECIALS[:-1]
+    words = [f"w{i}" for i in range(vocab_size - len(specials))]
+    vocab = {token: i for i, token in enumerate(specials + words)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>",
+        pad_token="<pad>", mask_token="<mask>" if with_mask else None,
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def make_tiny_target(out_dir: Path, arch: str = "qwen3", *, vocab_size: int = 256, hidden_size: int = 64,
+                     num_layers: int = 6, tie: bool = False, seed: int = 0, init_std: float = 0.02,
+                     with_mask: bool = False) -> Path:
+    import transformers
+
+    config_name, model_name, extra = ARCH_CONFIGS[arch]
+    config = getattr(transformers, config_name)(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=1024, tie_word_embeddings=tie, initializer_range=init_std,
+        bos_token_id=1, eos_token_id=2, pad_token_id=3, **extra,
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config)
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    make_tokenizer(vocab_size, with_mask).save_pretrained(out_dir)
+    return out_dir

@@ -1,0 +1,65 @@
+"""Drafter checkpoints in the reference `dflash` format: config.json + model.safetensors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from trainer.drafter.config import DrafterConfig
+from trainer.drafter.model import Drafter
+from trainer.errors import DrafterError
+
+# Released DFlash 2 checkpoints store the two codebooks without the `.weight` suffix.
+RELEASED_NAMES = {
+    f"candidate_selector.{name}.weight": f"candidate_selector.{name}"
+    for name in ("predecessor_codebook", "successor_codebook")
+}
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def save_drafter(drafter: Drafter, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
+    """Write config.json and model.safetensors; each file appears whole or not at all."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        RELEASED_NAMES.get(name, name): tensor.detach().to(dtype=dtype, device="cpu").contiguous()
+        for name, tensor in drafter.state_dict().items()
+    }
+    config = drafter.config.to_hf_dict() | {"dtype": str(dtype).removeprefix("torch.")}
+    tmp = out_dir / f".model.safetensors.tmp-{os.getpid()}"
+    save_file(tensors, tmp, metadata={"format": "pt"})
+    os.replace(tmp, out_dir / "model.safetensors")
+    atomic_write_bytes(out_dir / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+    return out_dir
+
+
+def read_drafter_config(path: str | Path) -> DrafterConfig:
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise DrafterError(f"drafter {path}: config.json is missing")
+    return DrafterConfig.from_hf_dict(json.loads(config_file.read_text()))
+
+
+def load_drafter(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Drafter:
+    path = Path(path)
+    config = read_drafter_config(path)
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise DrafterError(f"drafter {path}: model.safetensors is missing")
+    released_to_module = {v: k for k, v in RELEASED_NAMES.items()}
+    state = {released_to_module.get(k, k): v for k, v in load_file(weights).items()}
+    drafter = Drafter(config)
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise DrafterError(f"drafter {path}: weights do not match config.json "
+                           f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return drafter.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,156 @@
+"""Speculative decoding with a DFlash drafter: draft a block, verify it with one target pass, keep the
+longest accepted prefix plus one target token. Batch size 1.
+
+The loop follows the reference `dflash.model.dflash_generate` step for step (same verify sizes, same
+acceptance counting, same stop handling), so both give identical tokens and acceptance lengths in greedy
+mode. Without a drafter (or with block size 1) the same loop is plain autoregressive decoding of the
+target, which is what losslessness is checked against.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from schemas.sampling import SamplingParams
+from trainer.drafter.model import Drafter, DrafterCache
+from trainer.sampling import filtered_probs, rejection_sample, sample, target_probs
+from trainer.targets.loading import Target
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One draft-verify cycle."""
+
+    offered: int
+    """Drafts put up for verification (block length - 1)."""
+    accepted: int
+    """Drafts the target accepted."""
+    emitted: int
+    """Tokens committed by the cycle, bonus included, after stop/max-token truncation. Its mean is tau."""
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]
+    """Generated tokens (the prompt excluded), the stop token included when one ended the response."""
+    cycles: list[Cycle] = field(default_factory=list)
+    stop_reason: str = "length"
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def acceptance_lengths(self) -> list[int]:
+        return [cycle.emitted for cycle in self.cycles]
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per target verify pass (bonus counted), as SGLang and the reference report it."""
+        return sum(self.acceptance_lengths) / max(len(self.cycles), 1)
+
+
+class SpeculativeDecoder:
+    def __init__(self, target: Target, drafter: Drafter | None = None, block_size: int | None = None):
+        self.target = target
+        self.drafter = drafter
+        default_block = drafter.config.block_size if drafter is not None else 1
+        self.block_size = block_size or default_block
+        if self.block_size > 1 and drafter is None:
+            raise ValueError("block_size > 1 needs a drafter")
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], params: SamplingParams, *, max_new_tokens: int | None = None,
+                 stop_token_ids: list[int] | None = None, generator: torch.Generator | None = None) -> DecodeResult:
+        target, device = self.target, self.target.device
+        prompt_len = len(prompt_ids)
+        max_length = prompt_len + (max_new_tokens or params.max_new_tokens)
+        stop = set(target.stop_token_ids() if stop_token_ids is None else stop_token_ids)
+        taps = list(self.drafter.config.target_layer_ids) if self.block_size > 1 else None
+        target_cache = target.new_cache()
+        drafter_cache = DrafterCache(self.drafter.config.num_layers) if self.block_size > 1 else None
+
+        started = time.perf_counter()
+        logits, context = target.forward(
+            torch.tensor([prompt_ids], device=device), self._positions(0, prompt_len),
+            cache=target_cache, tap_layer_ids=taps, logits_to_keep=1,
+        )
+        tokens = list(prompt_ids) + [self._choose(logits[0, -1], params, generator)]
+        context_start = 0
+        result = DecodeResult(tokens=[], prefill_seconds=time.perf_counter() - started)
+
+        started = time.perf_counter()
+        start = prompt_len  # position of the anchor: the newest token, not yet seen by the target
+        stopped = tokens[start] in stop
+        while start + 1 < max_length and not stopped:
+            verify = min(self.block_size, max_length - start)
+            block, proposal = [tokens[start]], None
+            if verify > 1:
+                drafts, proposal = self._draft(tokens[start], start, verify, context, context_start,
+                                               drafter_cache, params, generator)
+                block += drafts
+            logits, taps_out = target.forward(
+                torch.tensor([block], device=device), self._positions(start, verify),
+                cache=target_cache, tap_layer_ids=taps if verify > 1 else None,
+            )
+            accepted, bonus = self._verify(block, logits[0], proposal, params, generator)
+            new_tokens = (block[1:1 + accepted] + [bonus])[:max_length - start - 1]
+            for index, token in enumerate(new_tokens):
+                if token in stop:
+                    new_tokens, stopped = new_tokens[:index + 1], True
+                    break
+            tokens.extend(new_tokens)
+            result.cycles.append(Cycle(offered=verify - 1, accepted=accepted, emitted=len(new_tokens)))
+            if verify > 1:
+                # Features of the committed tokens (anchor and accepted drafts) become new drafter context.
+                context, context_start = taps_out[:, :len(new_tokens)], start
+            start += len(new_tokens)
+            target.crop_cache(target_cache, start)
+        result.decode_seconds = time.perf_counter() - started
+        result.tokens = tokens[prompt_len:max_length]
+        result.stop_reason = "stop" if stopped else "length"
+        return result
+
+    def _positions(self, start: int, length: int) -> torch.Tensor:
+        return torch.arange(start, start + length, device=self.target.device)[None]
+
+    def _choose(self, logits: torch.Tensor, params: SamplingParams, generator) -> int:
+        if params.greedy:
+            return int(logits.argmax())
+        return int(sample(target_probs(logits, params), generator))
+
+    def _draft(self, anchor: int, start: int, verify: int, context: torch.Tensor, context_start: int,
+               cache: DrafterCache, params: SamplingParams, generator) -> tuple[list[int], torch.Tensor | None]:
+        """Draft verify - 1 tokens; return them with their proposal distributions (None when greedy)."""
+        target, drafter = self.target, self.drafter
+        block_ids = torch.full((1, verify), drafter.config.mask_token_id, device=target.device)
+        block_ids[0, 0] = anchor
+        hidden = drafter(
+            target.embed(block_ids), self._positions(start, verify), context,
+            self._positions(context_start, context.shape[1]), cache=cache,
+        )[:, 1:]
+        logits = target.lm_head(hidden)
+        if drafter.candidate_selector is not None:
+            anchor_ids = block_ids[:, 0]
+            drafts, candidates, q = drafter.propose(hidden, logits, anchor_ids, params.temperature, generator)
+            if q is not None:
+                q = torch.zeros_like(logits[0], dtype=q.dtype).scatter(-1, candidates[0], q[0])
+            return drafts[0].tolist(), q
+        if params.greedy:
+            return logits[0].argmax(-1).tolist(), None
+        q = filtered_probs(logits[0], params.temperature, params.top_p, params.top_k)
+        return sample(q, generator).tolist(), q
+
+    def _verify(self, block: list[int], logits: torch.Tensor, proposal, params: SamplingParams,
+                generator) -> tuple[int, int]:
+        """(drafts accepted, the target's token after them)."""
+        drafts = torch.tensor(block[1:], device=logits.device)
+        if params.greedy:
+            posterior = logits.argmax(-1)
+            accepted = int((drafts == posterior[:-1]).int().cumprod(0).sum())
+            return accepted, int(posterior[accepted])
+        p = target_probs(logits, params)
+        if len(block) == 1:
+            return 0, int(sample(p[0], generator))
+        return rejection_sample(drafts, p, proposal, generator)

@@ -1,0 +1,3 @@
+from trainer.targets.loading import SUPPORTED_MODEL_TYPES, Target, inspect_target_dir, load_target
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "Target", "inspect_target_dir", "load_target"]

@@ -1,0 +1,203 @@
+"""Target models: any local Hugging Face causal-LM directory of a supported architecture.
+
+The drafter borrows the target's embedding and LM head (frozen) and reads the outputs of a few of its
+layers ("taps"). `Target` exposes exactly those, plus a KV cache that can be rolled back, so the
+speculative decoder, the data generator and the trainer never touch model internals themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from functools import cached_property
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from trainer.errors import TargetError
+
+# model_type -> what we rely on: decoder layers at model.model.layers, RoPE positions, a rollback-able cache.
+SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+TOKENIZER_FILE_SETS = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
+
+
+def inspect_target_dir(path: str | Path, *, allow_pickle: bool = False) -> dict:
+    """Check a target directory without loading it; return its config. Raises TargetError in one line."""
+    path = Path(path)
+    if not path.is_dir():
+        raise TargetError(f"target {path}: not a directory; pass a Hugging Face model directory")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise TargetError(f"target {path}: config.json is missing; a model directory needs config.json, "
+                          "*.safetensors weights and tokenizer files")
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise TargetError(f"target {path}: config.json is not valid JSON ({exc})") from exc
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        architectures = ",".join(config.get("architectures") or []) or "unknown"
+        raise TargetError(f"target {path}: architecture {model_type!r} ({architectures}) is not supported; "
+                          f"supported model_type values: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
+    _check_weights(path, allow_pickle)
+    if not any(all((path / name).is_file() for name in names) for names in TOKENIZER_FILE_SETS):
+        raise TargetError(f"target {path}: tokenizer files are missing; save the tokenizer into the model "
+                          "directory (tokenizer.json, or tokenizer.model, or vocab.json + merges.txt)")
+    return config
+
+
+def _check_weights(path: Path, allow_pickle: bool) -> None:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            raise TargetError(f"target {path}: weight shard {missing[0]} listed in model.safetensors.index.json "
+                              "is missing; copy every shard into the directory")
+        return
+    if list(path.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickled and not allow_pickle:
+        raise TargetError(f"target {path}: only pickle weights ({pickled[0]}) were found; convert them to "
+                          "safetensors (save_pretrained(..., safe_serialization=True)) or set allow_pickle on the job")
+    if not pickled:
+        raise TargetError(f"target {path}: no weights found; expected model.safetensors or sharded *.safetensors")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_target(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                allow_pickle: bool = False) -> Target:
+    """Load a checked target directory in float32 on CPU (bfloat16 on GPU). Never runs remote code."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    inspect_target_dir(path, allow_pickle=allow_pickle)
+    device = torch.device(device)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype or default_dtype(device), trust_remote_code=False,
+        use_safetensors=not allow_pickle or None,
+    ).to(device).eval()
+    model.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    return Target(model, tokenizer, path)
+
+
+class Target:
+    """A frozen causal LM with the handles a DFlash drafter needs."""
+
+    def __init__(self, model, tokenizer, path: Path | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.path = path
+        self.config = model.config.get_text_config()
+        self.layers = model.get_decoder().layers
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embedding_weight.dtype
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def embedding_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embedding_weight.shape[0]
+
+    @property
+    def lm_head(self) -> torch.nn.Module:
+        return self.model.get_output_embeddings()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Raw token embeddings (no model-specific scaling), as the reference drafter reads them."""
+        return F.embedding(input_ids, self.embedding_weight)
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        cache.activate_past_recording()  # lets every layer type roll back rejected tokens
+        return cache
+
+    @staticmethod
+    def crop_cache(cache, length: int) -> None:
+        remove = cache.get_seq_length() - length
+        if remove > 0:
+            cache.crop(-remove)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None,
+                tap_layer_ids: list[int] | None = None, logits_to_keep: int = 0,
+                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits and, if asked, the concatenated outputs of the tapped layers (HF hidden_states[id + 1])."""
+        with self.capture_taps(tap_layer_ids) as taps:
+            output = self.model(
+                input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                past_key_values=cache, use_cache=cache is not None, logits_to_keep=logits_to_keep,
+            )
+        return output.logits, (torch.cat(taps, dim=-1) if tap_layer_ids else None)
+
+    @contextlib.contextmanager
+    def capture_taps(self, layer_ids: list[int] | None):
+        """Record the outputs of the given decoder layers during one forward pass, in the given order.
+
+        Hooks instead of output_hidden_states: only the tapped layers are kept in memory.
+        """
+        captured: dict[int, torch.Tensor] = {}
+        handles = []
+        for layer_id in layer_ids or []:
+            if not 0 <= layer_id < self.num_layers - 1:
+                raise TargetError(f"target layer id {layer_id} is out of range [0, {self.num_layers - 2}]")
+
+            def hook(_module, _args, output, layer_id=layer_id):
+                captured[layer_id] = output[0] if isinstance(output, tuple) else output
+
+            handles.append(self.layers[layer_id].register_forward_hook(hook))
+        ordered: list[torch.Tensor] = []
+        try:
+            yield ordered
+        finally:
+            for handle in handles:
+                handle.remove()
+        ordered.extend(captured[i] for i in layer_ids or [])
+
+    def stop_token_ids(self) -> list[int]:
+        """End-of-turn tokens: the generation config's eos ids plus the tokenizer's eos."""
+        ids: list[int] = []
+        generation_config = getattr(self.model, "generation_config", None)
+        eos = getattr(generation_config, "eos_token_id", None) if generation_config else None
+        for value in ([eos] if isinstance(eos, int) else (eos or [])) + [self.tokenizer.eos_token_id]:
+            if value is not None and value not in ids:
+                ids.append(int(value))
+        return ids
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Identity of what a drafter depends on: the tokenizer's vocabulary and the embedding table."""
+        digest = hashlib.sha256()
+        vocab = sorted(self.tokenizer.get_vocab().items())
+        digest.update(json.dumps(vocab, ensure_ascii=False).encode())
+        # Rounded to bfloat16 so the same checkpoint fingerprints alike in fp32 on CPU and bf16 on GPU.
+        weight = self.embedding_weight.detach().to(torch.bfloat16).cpu().contiguous()
+        digest.update(str(tuple(weight.shape)).encode())
+        digest.update(weight.view(torch.int16).numpy().tobytes())
+        return "sha256:" + digest.hexdigest()[:32]
