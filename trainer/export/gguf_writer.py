@@ -7,9 +7,8 @@ metadata keys, values and order, the same tensor names, and the same per-tensor 
 Q8_0, Q8_0 falling back to F16 where a row is not a multiple of 32). A drafter has no embedding
 or LM head of its own, so only the target's tokenizer is read from the target directory.
 
-Scope of the vocabulary export: byte-level BPE tokenizers (`tokenizer.json`, the `gpt2` model
-in llama.cpp terms) of Llama-, Mistral- and Qwen-family targets. SentencePiece targets are
-refused with an error that names llama.cpp's converter as the way out.
+The vocabulary part lives in gguf_tokenizer.py (byte-level BPE targets of the Llama, Mistral
+and Qwen families).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import json
 import os
 import re
 import struct
-from hashlib import sha256
+import uuid
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -28,6 +27,7 @@ import torch
 from safetensors import safe_open
 
 from trainer.errors import DrafterError, TargetError
+from trainer.export.gguf_tokenizer import BPE_FAMILY, LLAMA_FAMILY, add_tokenizer_metadata
 
 ARCH = "dflash"
 GGUFDtype = Literal["f16", "q8_0"]
@@ -67,35 +67,11 @@ for _hf, _gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _SKIPPED_SUFFIXES = (".rotary_emb.inv_freq", ".attention.masked_bias", ".attention.bias")
 
-# llama.cpp names a BPE pre-tokenizer by hashing the token ids its tokenizer gives for this probe
-# text (convert_hf_to_gguf_update.py); the text must stay byte-identical for the hashes to match.
-PRE_TOKENIZER_PROBE = '\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ 🦙🦙 3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ ------======= нещо на Български \'\'\'\'\'\'```````""""......!!!!!!?????? I\'ve been \'told he\'s there, \'RE you sure? \'M not sure I\'ll make it, \'D you like some tea? We\'Ve a\'lL'  # noqa: E501
-# The llama.cpp identifiers of the tokenizer families our targets use (hash -> tokenizer.ggml.pre).
-KNOWN_PRE_TOKENIZERS = {
-    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Llama 3.x
-    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",  # Qwen 1.5-2.5, 3
-    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",  # Qwen3 (embedding)
-    "d30d75d9059f1aa2c19359de71047b3ae408c70875e8a3ccf8c5fba56c9d8af4": "qwen35",
-    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",  # SmolLM 1/2
-    "63b97e4253352e6f357cc59ea5b583e3a680eaeaf2632188c2b952de2588485e": "tekken",  # Mistral Nemo
-    "877081d19cf6996e2c4ff0e1236341e9b7bde288f5311a56a937f0afbbb3aeb5": "deepseek-v3",
-    "ccc2ef013c104be7bae2965776d611e1d7a8a2a9c547dd93a682c9a9fc80352e": "gpt-4o",
-    "b6dc8df998e1cfbdc4eac8243701a65afe638679230920b50d6f17d81c098166": "olmo",
-}
-# Target architectures whose vocabulary llama.cpp exports the Llama way (add_space_prefix from
-# tokenizer_config, SmolLM's 49152-token vocab without BOS) vs. the plain BPE way.
-_LLAMA_FAMILY = {"LlamaForCausalLM", "LLaMAForCausalLM", "LlamaModel", "MistralForCausalLM", "MixtralForCausalLM"}
-_BPE_FAMILY = {"Qwen2ForCausalLM", "Qwen2Model", "Qwen3ForCausalLM", "Qwen3Model",
-               "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"}
-_SPECIAL_ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
-                    "sep": "seperator_token_id", "pad": "padding_token_id", "mask": "mask_token_id",
-                    "eot": "eot_token_id", "eom": "eom_token_id"}  # `seperator` is llama.cpp's spelling
-
 
 def reference_to_gguf_name(name: str) -> str | None:
     """GGUF name of a reference checkpoint tensor (None for buffers llama.cpp does not need)."""
     name = name.removeprefix("model.")
-    if name.endswith(_SKIPPED_SUFFIXES):
+    if f"model.{name}".endswith(_SKIPPED_SUFFIXES):  # the suffixes include their leading dot
         return None
     if name.endswith("_codebook"):  # released spelling of the selector codebooks
         name += ".weight"
@@ -115,7 +91,7 @@ def storage_type(gguf_name: str, ndim: int, dtype: GGUFDtype) -> gguf.GGMLQuanti
     return _QUANT_TYPES[dtype]
 
 
-class _Metadata:
+class OrderedMetadata:
     """Ordered GGUF key/values. Setting a key again keeps its first position, as GGUFWriter does,
     so following llama.cpp's converter step by step reproduces its key order."""
 
@@ -137,27 +113,31 @@ class _Metadata:
 
 def write_gguf(drafter_dir: Path, target_dir: Path, out_path: Path, dtype: GGUFDtype,
                *, tokenizer_pre: str | None = None) -> Path:
-    """Write `out_path` (atomically: a temporary file in the same directory, renamed at the end).
+    """Write the drafter as a llama.cpp DFlash GGUF and return `out_path`.
 
-    `tokenizer_pre` overrides the llama.cpp pre-tokenizer name for a BPE tokenizer whose probe
-    hash is not in KNOWN_PRE_TOKENIZERS."""
+    The file appears atomically (written under a temporary name in the same directory, renamed at
+    the end); on any failure nothing is left behind. Raises DrafterError / TargetError, naming the
+    file and the fix, for inputs that cannot be exported. `tokenizer_pre` overrides the llama.cpp
+    pre-tokenizer name for a BPE tokenizer whose probe hash is not in KNOWN_PRE_TOKENIZERS."""
     drafter_dir, target_dir, out_path = Path(drafter_dir), Path(target_dir), Path(out_path)
     if dtype not in _QUANT_TYPES:
         raise ValueError(f"GGUF dtype must be one of {sorted(_QUANT_TYPES)}, got {dtype!r}")
     hparams = _load_drafter_config(drafter_dir)
     target_config, target_arch = _check_target(target_dir)
 
-    tmp_path = out_path.with_name(f".{out_path.name}.{os.getpid()}.partial")
+    writer = gguf.GGUFWriter(path=None, arch=ARCH)
+    tmp_path = out_path.with_name(f".{out_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
     try:
-        writer = gguf.GGUFWriter(path=None, arch=ARCH)
         for gguf_name, data, qtype in _converted_tensors(drafter_dir, dtype):
             writer.add_tensor(gguf_name, data, raw_dtype=qtype)
+        # Metadata in the converter's order: general.*, model parameters, quantization version, vocab.
         writer.add_type(gguf.GGUFType.MODEL)
         _general_metadata(writer, drafter_dir)
-        kv = _Metadata()
-        _model_parameters(kv, hparams, target_config, dtype)
+        kv = OrderedMetadata()
+        _model_parameters(kv, hparams, dtype)
+        _dflash_parameters(kv, hparams, target_config)
         kv.set("general.quantization_version", gguf.GGML_QUANT_VERSION, V.UINT32)
-        _vocabulary(kv, hparams, target_dir, target_arch, tokenizer_pre)
+        add_tokenizer_metadata(kv, hparams, target_dir, target_arch, tokenizer_pre)
         kv.write_to(writer)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         writer.write_header_to_file(path=tmp_path)
@@ -168,6 +148,7 @@ def write_gguf(drafter_dir: Path, target_dir: Path, out_path: Path, dtype: GGUFD
             os.fsync(written.fileno())
         os.replace(tmp_path, out_path)
     except BaseException:
+        writer.close()
         tmp_path.unlink(missing_ok=True)
         raise
     return out_path
@@ -185,12 +166,12 @@ def _load_drafter_config(drafter_dir: Path) -> dict[str, Any]:
     if not raw["dflash_config"].get("target_layer_ids"):
         raise DrafterError(f"{config_file}: dflash_config.target_layer_ids is missing; llama.cpp needs "
                            "dflash.target_layers, so write the target layer ids the drafter was trained on")
-    try:  # the converter reads the config through transformers, defaults included
+    try:  # the converter reads the config through transformers (defaults included), else the raw JSON
         from transformers import AutoConfig
         hparams = AutoConfig.from_pretrained(drafter_dir, trust_remote_code=False).to_dict()
     except Exception:
         hparams = raw
-    hparams = {**hparams, **hparams.get("text_config", {})}
+    hparams = {**hparams, **(hparams.get("text_config") or {})}
     if hparams.get("rope_is_neox_style", True) is False:
         raise DrafterError(f"{config_file}: rope_is_neox_style=false is not the reference DFlash layout")
     return hparams
@@ -210,10 +191,10 @@ def _check_target(target_dir: Path) -> tuple[dict[str, Any], str]:
                           "target's tokenizer there with tokenizer.save_pretrained(target_dir)")
     archs = (config.get("text_config") or {}).get("architectures") or config.get("architectures") or [None]
     arch = archs[0]
-    if arch not in _LLAMA_FAMILY | _BPE_FAMILY:
-        raise TargetError(f"{config_file}: GGUF vocabulary export supports {sorted(_LLAMA_FAMILY | _BPE_FAMILY)} "
+    if arch not in LLAMA_FAMILY | BPE_FAMILY:
+        raise TargetError(f"{config_file}: GGUF vocabulary export supports {sorted(LLAMA_FAMILY | BPE_FAMILY)} "
                           f"targets, not {arch!r}; convert this drafter with llama.cpp's convert_hf_to_gguf.py")
-    return {**config, **config.get("text_config", {})}, arch
+    return {**config, **(config.get("text_config") or {})}, arch
 
 
 def _safetensors_in_file_order(drafter_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -266,13 +247,12 @@ def _general_metadata(writer: gguf.GGUFWriter, drafter_dir: Path) -> None:
     meta.set_gguf_meta_model(writer)
 
 
-def _model_parameters(kv: _Metadata, hp: dict[str, Any], target_config: dict[str, Any], dtype: GGUFDtype) -> None:
-    def first(*keys: str) -> Any:
-        return next((hp[k] for k in keys if k in hp), None)
-
+def _model_parameters(kv: OrderedMetadata, hp: dict[str, Any], dtype: GGUFDtype) -> None:
+    """The generic text-model keys llama.cpp writes for a Qwen3-shaped drafter."""
+    n_ctx = next((hp[k] for k in ("max_position_embeddings", "n_ctx", "n_positions", "max_length",
+                                  "max_sequence_length", "model_max_length") if k in hp), None)
     kv.arch("block_count", hp["num_hidden_layers"], V.UINT32)
-    if (n_ctx := first("max_position_embeddings", "n_ctx", "n_positions", "max_length",
-                       "max_sequence_length", "model_max_length")) is not None:
+    if n_ctx is not None:
         kv.arch("context_length", n_ctx, V.UINT32)
     kv.arch("embedding_length", hp["hidden_size"], V.UINT32)
     kv.arch("feed_forward_length", hp["intermediate_size"], V.UINT32)
@@ -281,48 +261,56 @@ def _model_parameters(kv: _Metadata, hp: dict[str, Any], target_config: dict[str
         kv.arch("attention.head_count_kv", n_head_kv, V.UINT32)
     if hp.get("is_causal") is False:
         kv.arch("attention.causal", False, V.BOOL)
-
-    rope = dict(hp.get("rope_parameters", hp.get("rope_scaling")) or {})
-    if "full_attention" not in rope and "sliding_attention" not in rope:
-        for key, source in (("rope_theta", "rope_theta"), ("rope_type", None),
-                            ("partial_rotary_factor", "partial_rotary_factor"),
-                            ("original_max_position_embeddings", "original_max_position_embeddings")):
-            value = rope.get("type") if source is None else hp.get(source)
-            if key not in rope and value is not None:
-                rope[key] = value
-    rope_main = rope.get("full_attention", rope)
-    rope_type, factor = rope_main.get("rope_type"), rope_main.get("factor")
-    if rope_type == "linear" and factor is not None:
-        kv.arch("rope.scaling.type", "linear", V.STRING)
-        kv.arch("rope.scaling.factor", float(factor), V.FLOAT32)
-    elif rope_type == "yarn" and factor is not None:
-        kv.arch("rope.scaling.type", "yarn", V.STRING)
-        kv.arch("rope.scaling.factor", float(factor), V.FLOAT32)
-        kv.arch("rope.scaling.original_context_length", rope_main["original_max_position_embeddings"], V.UINT32)
-        for key, names in (("yarn_ext_factor", ("extrapolation_factor",)),
-                           ("yarn_attn_factor", ("attention_factor", "attn_factor")),
-                           ("yarn_beta_fast", ("beta_fast",)), ("yarn_beta_slow", ("beta_slow",))):
-            if (value := next((rope_main[n] for n in names if n in rope_main), None)) is not None:
-                kv.arch(f"rope.scaling.{key}", float(value), V.FLOAT32)
-    elif rope_type in ("su", "longrope"):
-        kv.arch("rope.scaling.type", "longrope", V.STRING)
-    if "mrope_section" in rope:
-        kv.arch("rope.dimension_sections", (list(rope["mrope_section"]) + [0, 0, 0, 0])[:4], V.ARRAY)
-    if (theta := rope_main.get("rope_theta")) is not None:
-        kv.arch("rope.freq_base", float(theta), V.FLOAT32)
-    if (theta_swa := rope.get("sliding_attention", {}).get("rope_theta")) is not None:
-        kv.arch("rope.freq_base_swa", float(theta_swa), V.FLOAT32)
-    if (eps := first("rms_norm_eps", "norm_eps")) is not None:
+    _rope_parameters(kv, _rope_config(hp))
+    if (eps := hp.get("rms_norm_eps", hp.get("norm_eps"))) is not None:
         kv.arch("attention.layer_norm_rms_epsilon", float(eps), V.FLOAT32)
     if (head_dim := hp.get("head_dim")) is not None:
         kv.arch("attention.key_length", head_dim, V.UINT32)
         kv.arch("attention.value_length", head_dim, V.UINT32)
     kv.set("general.file_type", int(_FILE_TYPES[dtype]), V.UINT32)
 
-    # DFlash-specific keys, in the order llama.cpp's DFlashModel.set_gguf_parameters writes them.
+
+def _rope_config(hp: dict[str, Any]) -> dict[str, Any]:
+    """rope_parameters (transformers 5) or rope_scaling, completed from top-level keys of older configs."""
+    rope = dict(hp.get("rope_parameters", hp.get("rope_scaling")) or {})
+    if "full_attention" in rope or "sliding_attention" in rope:
+        return rope
+    for key in ("rope_theta", "partial_rotary_factor", "original_max_position_embeddings"):
+        if key not in rope and hp.get(key) is not None:
+            rope[key] = hp[key]
+    if "rope_type" not in rope and rope.get("type") is not None:
+        rope["rope_type"] = rope["type"]
+    return rope
+
+
+def _rope_parameters(kv: OrderedMetadata, rope: dict[str, Any]) -> None:
+    main = rope.get("full_attention", rope)
+    rope_type, factor = main.get("rope_type"), main.get("factor")
+    if rope_type in ("linear", "yarn") and factor is not None:
+        kv.arch("rope.scaling.type", rope_type, V.STRING)
+        kv.arch("rope.scaling.factor", float(factor), V.FLOAT32)
+    if rope_type == "yarn" and factor is not None:
+        kv.arch("rope.scaling.original_context_length", main["original_max_position_embeddings"], V.UINT32)
+        for key, names in (("yarn_ext_factor", ("extrapolation_factor",)),
+                           ("yarn_attn_factor", ("attention_factor", "attn_factor")),
+                           ("yarn_beta_fast", ("beta_fast",)), ("yarn_beta_slow", ("beta_slow",))):
+            if (value := next((main[n] for n in names if n in main), None)) is not None:
+                kv.arch(f"rope.scaling.{key}", float(value), V.FLOAT32)
+    elif rope_type in ("su", "longrope"):
+        kv.arch("rope.scaling.type", "longrope", V.STRING)
+    if "mrope_section" in rope:
+        kv.arch("rope.dimension_sections", (list(rope["mrope_section"]) + [0, 0, 0, 0])[:4], V.ARRAY)
+    if (theta := main.get("rope_theta")) is not None:
+        kv.arch("rope.freq_base", float(theta), V.FLOAT32)
+    if (theta_swa := rope.get("sliding_attention", {}).get("rope_theta")) is not None:
+        kv.arch("rope.freq_base_swa", float(theta_swa), V.FLOAT32)
+
+
+def _dflash_parameters(kv: OrderedMetadata, hp: dict[str, Any], target_config: dict[str, Any]) -> None:
+    """The DFlash keys, in the order llama.cpp's DFlashModel.set_gguf_parameters writes them."""
     dc = hp["dflash_config"]
     head_dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
-    if (partial := rope.get("partial_rotary_factor")) is not None:
+    if (partial := _rope_config(hp).get("partial_rotary_factor")) is not None:
         kv.arch("rope.dimension_count", int(head_dim * partial), V.UINT32)
     if (value_scale := dc.get("attention_value_scale")) is not None:
         kv.arch("attention.value_scale", float(value_scale), V.FLOAT32)
@@ -337,7 +325,7 @@ def _model_parameters(kv: _Metadata, hp: dict[str, Any], target_config: dict[str
         kv.arch("final_logit_softcapping", float(softcap), V.FLOAT32)
     if (embedding_scale := dc.get("input_embedding_scale", hp.get("input_embedding_scale"))) is not None:
         kv.arch("embedding_scale", float(embedding_scale), V.FLOAT32)
-    # llama.cpp counts the embedding output as layer 0, HF hidden_states[id + 1] is its layer id + 1
+    # llama.cpp counts the embedding output as layer 0, so HF hidden_states[id + 1] is its layer id + 1
     kv.arch("target_layers", [int(i) + 1 for i in dc["target_layer_ids"]], V.ARRAY)
     window = dc.get("swa_window_size") or hp.get("sliding_window")
     if (hp.get("use_sliding_window", False) or dc.get("use_swa", False)) and window:
@@ -346,84 +334,10 @@ def _model_parameters(kv: _Metadata, hp: dict[str, Any], target_config: dict[str
         kv.arch("attention.sliding_window", window, V.UINT32)
         kv.arch("attention.sliding_window_pattern", pattern, V.ARRAY)
     causal = hp.get("is_causal")
-    if (causal := dc.get("causal") if causal is None else causal) is not None:
+    if causal is None:
+        causal = dc.get("causal")
+    if causal is not None:
         kv.arch("attention.causal", bool(causal), V.BOOL)
     target_rope = target_config.get("rope_parameters") or target_config.get("rope_scaling") or {}
     if "mrope_section" in target_rope:  # the drafter ropes on the temporal section only
         kv.arch("rope.dimension_sections", [head_dim // 2, 0, 0, 0], V.ARRAY)
-
-
-def _vocabulary(kv: _Metadata, hp: dict[str, Any], target_dir: Path, target_arch: str,
-                tokenizer_pre: str | None) -> None:
-    from transformers import AutoTokenizer
-
-    tokenizer_json = json.loads((target_dir / "tokenizer.json").read_text(encoding="utf-8"))
-    tokenizer_config = _read_json(target_dir / "tokenizer_config.json")
-    model = tokenizer_json.get("model", {})
-    # llama.cpp takes SentencePiece files, and byte-fallback BPE of Llama-family targets, as `llama` vocabs
-    sentencepiece = (target_dir / "tokenizer.model").is_file() or (
-        target_arch in _LLAMA_FAMILY and model.get("byte_fallback", False)
-        and (tokenizer_json.get("decoder") or {}).get("type") == "Sequence")
-    if sentencepiece or model.get("type") != "BPE":
-        kind = "SentencePiece-style" if sentencepiece else f"{model.get('type')!r}"
-        raise TargetError(f"{target_dir}: the target's tokenizer is {kind}, not byte-level BPE, which is all "
-                          "this exporter writes; convert the drafter with llama.cpp's convert_hf_to_gguf.py")
-    if target_arch in _LLAMA_FAMILY and tokenizer_config.get("add_prefix_space") is not None:
-        kv.set("tokenizer.ggml.add_space_prefix", bool(tokenizer_config["add_prefix_space"]), V.BOOL)
-
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    vocab_size = hp.get("vocab_size", len(tokenizer.vocab))
-    if max(tokenizer.vocab.values()) >= vocab_size:
-        raise DrafterError(f"the target tokenizer has ids up to {max(tokenizer.vocab.values())} but the "
-                           f"drafter's vocab_size is {vocab_size}: the drafter was not made for this target")
-    probe_hash = sha256(str(tokenizer.encode(PRE_TOKENIZER_PROBE)).encode()).hexdigest()
-    pre = tokenizer_pre or KNOWN_PRE_TOKENIZERS.get(probe_hash)
-    if pre is None:
-        raise TargetError(f"{target_dir}: BPE pre-tokenizer with probe hash {probe_hash} is unknown; pass "
-                          "tokenizer_pre= with the name llama.cpp's convert_hf_to_gguf.py gives this hash")
-    tokens, token_types = _token_table(tokenizer, vocab_size)
-    kv.set("tokenizer.ggml.model", "gpt2", V.STRING)
-    kv.set("tokenizer.ggml.pre", pre, V.STRING)
-    kv.set("tokenizer.ggml.tokens", tokens, V.ARRAY)
-    kv.set("tokenizer.ggml.token_type", token_types, V.ARRAY)
-    _special_vocabulary(kv, target_dir, tokenizer_json, tokenizer_config)
-    if target_arch in _LLAMA_FAMILY and hp.get("vocab_size", 32000) == 49152:
-        kv.set("tokenizer.ggml.add_bos_token", False, V.BOOL)  # llama.cpp's rule for SmolLM/Granite vocabs
-    if (mask_id := hp["dflash_config"].get("mask_token_id")) is not None:
-        kv.set("tokenizer.ggml.mask_token_id", int(mask_id), V.UINT32)
-
-
-def _token_table(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int]]:
-    by_id = {i: token for token, i in tokenizer.vocab.items()}
-    added = tokenizer.get_added_vocab()
-    decoder = tokenizer.added_tokens_decoder
-    tokens, types = [], []
-    for i in range(vocab_size):
-        if i not in by_id:
-            tokens.append(f"[PAD{i}]")
-            types.append(gguf.TokenType.UNUSED)
-            continue
-        token = by_id[i]
-        if token not in added:
-            types.append(gguf.TokenType.NORMAL)
-        else:
-            if not decoder[i].normalized:  # llama.cpp expects added tokens in normalized form
-                token = tokenizer.decode(tokenizer.encode(token, add_special_tokens=False))
-            if decoder[i].special or _looks_special(token):
-                types.append(gguf.TokenType.CONTROL)
-            else:
-                token = token.replace("\u2581", " ")
-                types.append(gguf.TokenType.USER_DEFINED)
-        tokens.append(token)
-    return tokens, [int(t) for t in types]
-
-
-def _looks_special(token: str) -> bool:
-    return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
-            or (token.startswith("<|") and token.endswith("|>"))
-            or (token.startswith("<｜") and token.endswith("｜>"))
-            or (token.startswith("<unused") and token.endswith(">")))
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

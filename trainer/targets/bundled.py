@@ -8,6 +8,7 @@ it, and copy the weights into a plain model so the result is an ordinary safeten
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shutil
 import tempfile
@@ -88,3 +89,9 @@ def _materialise(gguf_path: Path, out_dir: Path) -> None:
     )
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    # The GGUF records add_space_prefix=false but the rebuilt tokenizer config drops it; restore it so
+    # exporters (ours and llama.cpp's) write the same tokenizer metadata as the released model.
+    config_file = out_dir / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_file.read_text())
+    tokenizer_config["add_prefix_space"] = False
+    config_file.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")

@@ -152,7 +152,7 @@ class Target:
         with self.capture_taps(tap_layer_ids) as taps:
             output = self.model(
                 input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                past_key_values=cache, use_cache=cache is not None, logits_to_keep=logits_to_keep,
+                cache=cache, use_cache=cache is not None, logits_to_keep=logits_to_keep,
             )
         return output.logits, (torch.cat(taps, dim=-1) if tap_layer_ids else None)
 

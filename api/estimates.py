@@ -1,0 +1,122 @@
+"""Back-of-envelope time and cost of a job, before committing to it.
+
+The model is deliberately simple and every assumption is returned with the estimate:
+- generation and training are throughput-bound and scale as 1/P for a target of P billion
+  parameters (decode is memory-bandwidth bound; the drafter's width follows the target's);
+- the throughputs below are per GPU for a 1B-parameter target at the batch sizes the worker
+  uses, measured (cpu-2core, see DESIGN.md §6) or extrapolated from public serving benchmarks;
+- a target that does not fit in one GPU's memory (bf16 weights + 30 %) needs more GPUs;
+- prices are typical on-demand list prices per GPU-hour.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from api.schemas import EstimateOut, GpuEstimate
+from schemas.job_spec import JobSpec
+
+
+@dataclass(frozen=True)
+class GpuClass:
+    name: str
+    memory_gb: float
+    price_per_hour_usd: float
+    generate_tokens_per_s_1b: float  # target decode tokens/s per GPU, 1B-parameter target
+    train_tokens_per_s_1b: float  # drafter block tokens/s per GPU, 1B-parameter target
+
+
+GPU_CLASSES: dict[str, GpuClass] = {
+    gpu.name: gpu
+    for gpu in (
+        # cpu-2core numbers are the measured SmolLM2-135M figures scaled to 1B (31 tok/s x 0.135).
+        GpuClass("cpu-2core", 24, 0.10, 4.2, 7.2),
+        GpuClass("l4-24gb", 24, 0.80, 1_500, 20_000),
+        GpuClass("a10g-24gb", 24, 1.01, 1_800, 25_000),
+        GpuClass("a100-80gb", 80, 1.79, 5_000, 80_000),
+        GpuClass("h100-80gb", 80, 2.99, 9_000, 150_000),
+        GpuClass("h200-141gb", 141, 3.79, 11_000, 180_000),
+    )
+}
+DEFAULT_TARGET_PARAMS_B = 8.0
+BUNDLED_PARAMS_B = {"bundled:smollm2-135m": 0.135}
+MULTI_GPU_EFFICIENCY = 0.85  # data parallel loses some throughput to communication
+FIXED_OVERHEAD_MINUTES = 5.0  # resolve/verify target, export, publish
+_PARAMS_IN_NAME_RE = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)\s*[bB](?![A-Za-z0-9])")
+
+
+def target_parameters(spec: JobSpec, override: float | None) -> tuple[float, str]:
+    """Target size in billions, and how we know it."""
+    if override is not None:
+        return override, f"target size {override:g}B as given (target_parameters_billion)"
+    if spec.target.uri in BUNDLED_PARAMS_B:
+        size = BUNDLED_PARAMS_B[spec.target.uri]
+        return size, f"target size {size:g}B (bundled model)"
+    match = _PARAMS_IN_NAME_RE.search(spec.target.uri.rsplit("/", 1)[-1])
+    if match:
+        size = float(match.group(1))
+        return size, f"target size {size:g}B read from the model name; pass target_parameters_billion if wrong"
+    return DEFAULT_TARGET_PARAMS_B, (
+        f"target size unknown, assumed {DEFAULT_TARGET_PARAMS_B:g}B; pass target_parameters_billion for a better estimate"
+    )
+
+
+def estimate_job(
+    spec: JobSpec, *, gpu_class: str | None, gpu_count: int, target_parameters_billion: float | None
+) -> EstimateOut:
+    params_b, size_note = target_parameters(spec, target_parameters_billion)
+    prompts = spec.data.count
+    holdout = int(prompts * spec.data.holdout_share)
+    max_new = spec.sampling.max_new_tokens
+    tokens_to_generate = prompts * max_new
+    tokens_per_step = spec.training.batch_size * spec.training.anchors_per_sequence * spec.drafter.block_size
+    # The drafter's cost grows with its depth; the throughput table is for the default 2 layers.
+    layer_factor = spec.drafter.num_layers / 2
+    classes = [GPU_CLASSES[gpu_class]] if gpu_class else list(GPU_CLASSES.values())
+    estimates = []
+    for gpu in classes:
+        needed = max(1, math.ceil(params_b * 2 * 1.3 / gpu.memory_gb))
+        count = max(gpu_count, needed)
+        speedup = count * (MULTI_GPU_EFFICIENCY if count > 1 else 1.0)
+        generate_rate = gpu.generate_tokens_per_s_1b / params_b * speedup
+        train_rate = gpu.train_tokens_per_s_1b / params_b / layer_factor * speedup
+        generation_min = tokens_to_generate / generate_rate / 60
+        training_min = spec.training.max_steps * tokens_per_step / train_rate / 60
+        limited_by = "max_steps"
+        if spec.training.max_minutes is not None and training_min > spec.training.max_minutes:
+            training_min, limited_by = spec.training.max_minutes, "max_minutes"
+        # Validation decodes the held-out prompts twice: target alone, then with the drafter.
+        validation_min = 2 * holdout * max_new / generate_rate / 60
+        overhead_min = FIXED_OVERHEAD_MINUTES + params_b * 0.25
+        total_min = generation_min + training_min + validation_min + overhead_min
+        estimates.append(
+            GpuEstimate(
+                gpu_class=gpu.name, gpu_count=count, price_per_gpu_hour_usd=gpu.price_per_hour_usd,
+                generation_minutes=round(generation_min, 2), training_minutes=round(training_min, 2),
+                validation_minutes=round(validation_min, 2), overhead_minutes=round(overhead_min, 2),
+                total_minutes=round(total_min, 2),
+                cost_usd=round(total_min / 60 * gpu.price_per_hour_usd * count, 2),
+                training_limited_by=limited_by,  # type: ignore[arg-type]
+            )
+        )
+    return EstimateOut(
+        prompts=prompts,
+        holdout_prompts=holdout,
+        tokens_to_generate=tokens_to_generate,
+        training_steps=spec.training.max_steps,
+        drafter_tokens_per_step=tokens_per_step,
+        target_parameters_billion=params_b,
+        estimates=estimates,
+        assumptions=[
+            size_note,
+            "tokens_to_generate is an upper bound: every prompt answered to max_new_tokens",
+            "throughput scales as 1/target size; table values are per GPU for a 1B target "
+            + "; ".join(f"{g.name}: generate {g.generate_tokens_per_s_1b:g} tok/s, train "
+                        f"{g.train_tokens_per_s_1b:g} drafter tok/s, ${g.price_per_hour_usd}/h" for g in classes),
+            f"multi-GPU runs keep {MULTI_GPU_EFFICIENCY:.0%} of linear scaling; GPUs added until bf16 weights "
+            "+30% fit in memory",
+            f"fixed overhead {FIXED_OVERHEAD_MINUTES:g} min plus 0.25 min per billion parameters to load the target",
+        ],
+    )

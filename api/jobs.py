@@ -1,0 +1,302 @@
+"""Job admission and the user-facing job operations (create, list, get, cancel, resume).
+
+Admission order matters and is the same on both databases:
+1. lock the organisation row (an UPDATE: row lock on PostgreSQL, write lock on SQLite), so two
+   creates for one organisation are serialised;
+2. replay an earlier job with the same Idempotency-Key (same body) or refuse a different body;
+3. refuse when the organisation's active jobs have reached its limit;
+4. insert, commit, and only then enqueue, so the worker never receives an id it cannot read.
+If enqueueing fails the committed job is marked failed (`enqueue_failed`) and can be resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+from sqlalchemy import exists, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api.events import append_event
+from api.models import Job, JobLabel, Organisation, PromptFile, StageRun, new_id, utcnow
+from api.problems import (
+    FieldError,
+    IdempotencyConflict,
+    InvalidRequest,
+    InvalidTransition,
+    NotFound,
+    ServiceUnavailable,
+    TooManyActiveJobs,
+    field_errors_from_pydantic,
+)
+from api.queue import CeleryQueue, RecordingQueue
+from api.schemas import JobError, JobOut, StageRunOut
+from api.settings import Settings
+from api.states import ACTIVE_STATUSES, STAGE_ORDER, JobStatus, Stage, transition
+from schemas.job_spec import JobSpec
+
+log = logging.getLogger("draftsmith.api")
+_IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
+JOB_ID_RE = re.compile(r"^job_[0-9A-Z]{26}$")
+
+
+def parse_job_spec(raw: bytes, settings: Settings) -> JobSpec:
+    """Validate a request body as a JobSpec with this deployment's rules; errors name each field."""
+    try:
+        body = json.loads(raw or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}", errors=[FieldError(field="body", message=str(exc))])
+    if not isinstance(body, dict):
+        raise InvalidRequest(
+            'the body must be a JSON object, e.g. {"target": {"uri": "bundled:smollm2-135m"}}',
+            errors=[FieldError(field="body", message="expected a JSON object")],
+        )
+    try:
+        spec = JobSpec.model_validate(body, context={"allowed_file_roots": settings.allowed_file_roots})
+    except ValidationError as exc:
+        errors = field_errors_from_pydantic(list(exc.errors(include_url=False)))
+        raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors) from None
+    if spec.target.trust_remote_code and not settings.allow_trust_remote_code:
+        message = (
+            "this deployment does not run code shipped with checkpoints; remove trust_remote_code "
+            "or ask the operator to set DRAFTSMITH_ALLOW_TRUST_REMOTE_CODE=true"
+        )
+        raise InvalidRequest(message, errors=[FieldError(field="target.trust_remote_code", message=message)])
+    return spec
+
+
+def load_stored_spec(stored: dict) -> JobSpec:
+    # Stored specs passed admission already; file roots may have changed since, so don't re-judge them.
+    return JobSpec.model_validate(stored, context={"allowed_file_roots": ["/"]})
+
+
+def get_job_for_org(session: Session, org_id: str, job_id: str, *, lock: bool = False) -> Job:
+    """The job, if it belongs to `org_id`; otherwise 404, the same answer as for a missing id."""
+    query = select(Job).where(Job.id == job_id, Job.org_id == org_id)
+    if lock:
+        query = query.with_for_update()
+    job = session.scalar(query)
+    if job is None:
+        raise NotFound(f"no job {job_id!r} in your organisation")
+    return job
+
+
+def next_stage(session: Session, job_id: str) -> Stage | None:
+    """The first stage without a succeeded attempt: where a new or resumed job continues."""
+    done = set(
+        session.scalars(select(StageRun.stage).where(StageRun.job_id == job_id, StageRun.status == "succeeded"))
+    )
+    return next((stage for stage in STAGE_ORDER if stage not in done), None)
+
+
+def _check_idempotency_key(key: str | None) -> None:
+    if key is not None and not _IDEMPOTENCY_KEY_RE.match(key):
+        raise InvalidRequest(
+            "Idempotency-Key must be 1-255 printable ASCII characters without spaces (a UUID works well)",
+            errors=[FieldError(field="Idempotency-Key", message="1-255 printable ASCII characters, no spaces")],
+        )
+
+
+def _lock_org_and_count_active(session: Session, org_id: str) -> tuple[Organisation, int]:
+    """Serialise admissions for one organisation until commit, and count its active jobs."""
+    session.execute(
+        update(Organisation).where(Organisation.id == org_id).values(updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    org = session.get(Organisation, org_id)
+    assert org is not None
+    active = session.scalar(
+        select(func.count()).select_from(Job).where(Job.org_id == org_id, Job.status.in_(list(ACTIVE_STATUSES)))
+    )
+    return org, int(active or 0)
+
+
+def _refuse_if_full(org: Organisation, active: int, settings: Settings) -> None:
+    limit = org.max_concurrent_jobs or settings.default_max_concurrent_jobs
+    if active >= limit:
+        raise TooManyActiveJobs(
+            f"organisation {org.name!r} already has {active} active jobs (limit {limit}); "
+            "wait for one to finish or cancel one, then retry",
+            headers={"Retry-After": "60"},
+            extra={"active_jobs": active, "limit": limit},
+        )
+
+
+@dataclass
+class CreatedJob:
+    job: Job
+    replayed: bool
+
+
+def create_job(
+    session: Session,
+    settings: Settings,
+    queue: RecordingQueue | CeleryQueue,
+    *,
+    org_id: str,
+    spec: JobSpec,
+    idempotency_key: str | None,
+) -> CreatedJob:
+    _check_idempotency_key(idempotency_key)
+    request_hash = hashlib.sha256(spec.canonical_json().encode()).hexdigest()
+    if spec.data.source.startswith("file-"):
+        found = session.scalar(select(PromptFile.id).where(PromptFile.id == spec.data.source, PromptFile.org_id == org_id))
+        if found is None:
+            message = f"no uploaded file {spec.data.source!r} in your organisation; upload one with POST /v1/files"
+            raise InvalidRequest(message, errors=[FieldError(field="data.source", message=message)])
+
+    org, active = _lock_org_and_count_active(session, org_id)  # before the idempotency lookup
+    if idempotency_key is not None:
+        existing = session.scalar(select(Job).where(Job.org_id == org_id, Job.idempotency_key == idempotency_key))
+        if existing is not None:
+            known_id, known_hash = existing.id, existing.request_hash
+            session.rollback()  # release the organisation lock: nothing is written on a replay
+            if known_hash != request_hash:
+                raise IdempotencyConflict(
+                    f"Idempotency-Key {idempotency_key!r} was used for job {known_id} with a different body; "
+                    "use a new key for a different job",
+                    extra={"job_id": known_id},
+                )
+            return CreatedJob(existing, replayed=True)
+    _refuse_if_full(org, active, settings)
+
+    job = Job(
+        id=new_id("job_"), org_id=org_id, status=str(JobStatus.QUEUED), name=spec.name, spec=spec.model_dump(mode="json"),
+        idempotency_key=idempotency_key, request_hash=request_hash,
+    )
+    session.add(job)
+    session.add_all(JobLabel(job_id=job.id, key=k, value=v) for k, v in spec.labels.items())
+    try:
+        session.flush()
+    except IntegrityError:
+        # Only the (org, idempotency_key) constraint can collide here: another request won the race.
+        session.rollback()
+        existing = session.scalar(select(Job).where(Job.org_id == org_id, Job.idempotency_key == idempotency_key))
+        if existing is None:
+            raise
+        if existing.request_hash != request_hash:
+            raise IdempotencyConflict(f"Idempotency-Key {idempotency_key!r} is in use with a different body") from None
+        return CreatedJob(existing, replayed=True)
+    append_event(session, job, "job.created", f"job created; target {spec.target.uri}")
+    session.commit()
+    _enqueue_or_fail(session, queue, job)
+    return CreatedJob(job, replayed=False)
+
+
+def _enqueue_or_fail(session: Session, queue: RecordingQueue | CeleryQueue, job: Job) -> None:
+    try:
+        queue.enqueue_job(job.id)
+    except Exception as exc:  # any broker error: the job exists but nobody will run it
+        log.exception("could not enqueue %s", job.id)
+        session.rollback()
+        job = session.get(Job, job.id, populate_existing=True)
+        assert job is not None
+        job.error_code, job.error_message, job.error_stage = "enqueue_failed", f"broker unavailable: {exc}"[:2000], None
+        transition(session, job, JobStatus.FAILED, reason="could not hand the job to the broker")
+        session.commit()
+        raise ServiceUnavailable(
+            f"job {job.id} was saved but the broker is unavailable; it is marked failed "
+            f"(enqueue_failed). Resume it with POST /v1/jobs/{job.id}/resume once the broker is back",
+            headers={"Retry-After": "30"},
+            extra={"job_id": job.id},
+        ) from None
+
+
+def cancel_job(session: Session, org_id: str, job_id: str) -> Job:
+    job = get_job_for_org(session, org_id, job_id, lock=True)
+    status = JobStatus(job.status)
+    if status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
+        return job  # cancelling twice is not an error
+    if status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        raise InvalidTransition(f"job {job.id} already {status}; there is nothing to cancel", extra={"job_status": str(status)})
+    job.cancel_requested_at = utcnow()
+    # Nothing runs a queued job yet, so it ends at once; a running one waits for the worker's acknowledgement.
+    transition(session, job, JobStatus.CANCELLED if status is JobStatus.QUEUED else JobStatus.CANCELLING,
+               reason="cancellation requested")
+    session.commit()
+    return job
+
+
+def resume_job(
+    session: Session, settings: Settings, queue: RecordingQueue | CeleryQueue, org_id: str, job_id: str
+) -> Job:
+    job = get_job_for_org(session, org_id, job_id, lock=True)
+    if job.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
+        raise InvalidTransition(
+            f"job {job.id} is {job.status}; only failed or cancelled jobs can be resumed",
+            extra={"job_status": job.status},
+        )
+    _refuse_if_full(*_lock_org_and_count_active(session, org_id), settings)
+    resume_at = next_stage(session, job.id)
+    previous_error = job.error_code
+    job.error_code = job.error_message = job.error_stage = None
+    job.resume_count += 1
+    transition(session, job, JobStatus.QUEUED, reason="resumed")
+    append_event(
+        session, job, "job.resumed", f"resumed; continues at stage {resume_at}",
+        stage=str(resume_at) if resume_at else None,
+        data={"resume_stage": str(resume_at) if resume_at else None, "previous_error": previous_error},
+    )
+    session.commit()
+    _enqueue_or_fail(session, queue, job)
+    return job
+
+
+def list_jobs(
+    session: Session, org_id: str, *, statuses: list[str], labels: list[tuple[str, str]], limit: int, after: str | None
+) -> tuple[list[Job], bool]:
+    query = select(Job).where(Job.org_id == org_id)
+    if statuses:
+        query = query.where(Job.status.in_(statuses))
+    for key, value in labels:
+        query = query.where(exists().where(JobLabel.job_id == Job.id, JobLabel.key == key, JobLabel.value == value))
+    if after is not None:
+        query = query.where(Job.id < after)  # ids are time-ordered: newest first, cursor = last id seen
+    rows = list(session.scalars(query.order_by(Job.id.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def jobs_to_out(session: Session, jobs: list[Job]) -> list[JobOut]:
+    """Build responses for many jobs with two extra queries in total (labels, stage runs)."""
+    ids = [job.id for job in jobs]
+    labels: dict[str, dict[str, str]] = defaultdict(dict)
+    runs: dict[str, list[StageRun]] = defaultdict(list)
+    if ids:
+        for label in session.scalars(select(JobLabel).where(JobLabel.job_id.in_(ids))):
+            labels[label.job_id][label.key] = label.value
+        for run in session.scalars(
+            select(StageRun).where(StageRun.job_id.in_(ids)).order_by(StageRun.started_at, StageRun.attempt)
+        ):
+            runs[run.job_id].append(run)
+    result = []
+    for job in jobs:
+        job_runs = runs[job.id]
+        current = next((r for r in reversed(job_runs) if r.stage == job.stage), None)
+        result.append(
+            JobOut(
+                id=job.id,
+                status=job.status,  # type: ignore[arg-type]
+                stage=job.stage,
+                stage_progress=current.progress if current else None,
+                name=job.name,
+                labels=dict(sorted(labels[job.id].items())),
+                spec=load_stored_spec(job.spec),
+                error=JobError(code=job.error_code, message=job.error_message or "", stage=job.error_stage)
+                if job.error_code
+                else None,
+                cancel_requested=job.cancel_requested_at is not None,
+                resume_count=job.resume_count,
+                created_at=job.created_at,
+                updated_at=job.updated_at,
+                started_at=job.started_at,
+                finished_at=job.finished_at,
+                stages=[StageRunOut.model_validate(run, from_attributes=True) for run in job_runs],
+            )
+        )
+    return result

@@ -1,0 +1,131 @@
+"""The ASGI app: `api.main:app` (uvicorn api.main:app), or `create_app(settings)` in tests.
+
+Importing this module builds routes only: settings are read, and the database engine, broker
+client and storage are created, on first use (or at startup under a server). The database schema
+is never touched here; run `draftsmith db upgrade` first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import services_for
+from api.observability import ApiMetrics, BodySizeLimitMiddleware, RequestMetricsMiddleware
+from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
+from api.routes import files, health, job_data, jobs, webhooks
+from api.settings import Settings
+from api.webhooks import dispatch_due_webhooks
+from draftsmith import __version__
+
+log = logging.getLogger("draftsmith.api")
+JSON_BODY_LIMIT = 1 << 20  # a job spec is a few KB; 1 MiB leaves room and stops abuse
+MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers around an upload
+
+DESCRIPTION = """\
+Train DFlash 2 speculative-decoding drafters for your own fine-tuned models.
+
+Authenticate with `Authorization: Bearer dsk_...`. Errors are `application/problem+json`
+(RFC 9457) with `type`, `title`, `status`, `detail`, `instance`, and for validation errors an
+`errors` list naming each field (and line, for uploaded files).
+"""
+
+
+async def _webhook_loop(app: FastAPI) -> None:
+    services = services_for(app)
+    interval = services.settings.webhook_dispatch_interval_seconds
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await run_in_threadpool(dispatch_due_webhooks, services.session_factory, services.settings)
+        except Exception:  # keep the loop alive; the next tick retries
+            log.exception("webhook dispatch failed")
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    services = services_for(app)  # fail fast at startup on bad settings
+    task = None
+    if services.settings.webhook_dispatch_interval_seconds > 0:
+        task = asyncio.create_task(_webhook_loop(app))
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        services.close()
+
+
+def _document_problems(app: FastAPI) -> None:
+    """Make the OpenAPI document say what the handlers do: every error body is problem+json.
+
+    FastAPI lists a response `model` under application/json and adds its own 422 schema
+    (HTTPValidationError); both are replaced by the Problem schema under application/problem+json.
+    """
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        problem = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+        for path_item in schema.get("paths", {}).values():
+            for operation in path_item.values():
+                for status, response in operation.get("responses", {}).items():
+                    content = response.get("content", {})
+                    if PROBLEM_MEDIA_TYPE in content or status == "422":
+                        response["content"] = dict(problem)
+                        if status == "422":
+                            response["description"] = "Validation failed; `errors` names each field"
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(unused, None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    app = FastAPI(
+        title="Draftsmith API",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        # One schema per model: JobSpec is both the request body and part of the Job response.
+        separate_input_output_schemas=False,
+        openapi_tags=[
+            {"name": "jobs", "description": "Create and control drafter-training jobs."},
+            {"name": "job data", "description": "Events (SSE), metrics and artifacts of a job."},
+            {"name": "files", "description": "Uploaded prompt files."},
+            {"name": "webhooks", "description": "Signed notifications of job state changes (admin)."},
+            {"name": "health", "description": "Liveness, readiness and Prometheus metrics."},
+        ],
+    )
+    if settings is not None:
+        app.state.settings = settings
+    install_problem_handlers(app)
+
+    def body_limit(path: str) -> int:
+        if path.rstrip("/") == "/v1/files":
+            return services_for(app).settings.max_upload_bytes + MULTIPART_OVERHEAD
+        return JSON_BODY_LIMIT
+
+    app.state.metrics = ApiMetrics(lambda: services_for(app))
+    app.add_middleware(BodySizeLimitMiddleware, limit_for=body_limit)
+    app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
+    for router in (jobs.router, job_data.router, files.router, webhooks.router, health.router):
+        app.include_router(router)
+    _document_problems(app)
+    return app
+
+
+app = create_app()

@@ -1,0 +1,284 @@
+"""Database models (SQLAlchemy 2, typed `Mapped[]`). The database is the source of truth for jobs.
+
+Every tenant-owned row reaches an organisation through `org_id` (directly or via its job), and
+every query in the routes filters on it. Ids are prefixed and time-ordered ("job_01J...") so
+sorting by id is sorting by creation, which makes cursor pagination a plain `id < :cursor`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # ASCII-ordered, so string order = numeric order
+
+
+def _base32(value: int, length: int) -> str:
+    chars = []
+    for _ in range(length):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def new_id(prefix: str) -> str:
+    """`prefix` + 48-bit millisecond timestamp + 80 random bits, ULID-style (26 characters)."""
+    return prefix + _base32(int(time.time() * 1000), 10) + _base32(secrets.randbits(80), 16)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both backends (SQLite has no timezone storage)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+# SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
+BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSONType, list[str]: JSONType}
+
+
+class Organisation(Base):
+    __tablename__ = "organisations"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("org_"))
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    # None: the deployment default (settings.default_max_concurrent_jobs) applies.
+    max_concurrent_jobs: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Touched (UPDATE) to serialise job admission per organisation on both PostgreSQL and SQLite.
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("key_"))
+    org_id: Mapped[str] = mapped_column(ForeignKey("organisations.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    prefix: Mapped[str] = mapped_column(String(16))  # first characters, to recognise a key in listings
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[str] = mapped_column(String(64))  # comma-separated: read,write,admin
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("org_id", "idempotency_key"),
+        Index(None, "org_id", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job_"))
+    org_id: Mapped[str] = mapped_column(ForeignKey("organisations.id", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(16))
+    stage: Mapped[str | None] = mapped_column(String(16))  # the stage running now, or the last one that ran
+    name: Mapped[str | None] = mapped_column(String(128))
+    spec: Mapped[dict[str, Any]]
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    error_stage: Mapped[str | None] = mapped_column(String(16))
+    cancel_requested_at: Mapped[datetime | None]
+    resume_count: Mapped[int] = mapped_column(default=0)
+    # Last event sequence number; incremented under the job's row lock so events commit in order.
+    event_seq: Mapped[int] = mapped_column(default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    # Optimistic lock: a stale read (API vs worker racing) fails the UPDATE instead of overwriting.
+    version: Mapped[int] = mapped_column(default=1)
+
+    __mapper_args__ = {"version_id_col": version}
+
+
+class JobLabel(Base):
+    """Labels in their own table so `?label=key:value` is an indexed lookup on both databases."""
+
+    __tablename__ = "job_labels"
+    __table_args__ = (Index(None, "key", "value"),)
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(63), primary_key=True)
+    value: Mapped[str] = mapped_column(String(256))
+
+
+class StageRun(Base):
+    """One attempt at one stage. A retried or resumed stage gets a new row with attempt + 1."""
+
+    __tablename__ = "stage_runs"
+    __table_args__ = (UniqueConstraint("job_id", "stage", "attempt"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("run_"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    stage: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int]
+    status: Mapped[str] = mapped_column(String(16))  # running|succeeded|failed|cancelled|abandoned
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    progress: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    __table_args__ = (UniqueConstraint("job_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    seq: Mapped[int]  # 1, 2, 3... per job; the SSE `id:` and the paging cursor
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    type: Mapped[str] = mapped_column(String(40))
+    level: Mapped[str] = mapped_column(String(10), default="info")
+    stage: Mapped[str | None] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    progress: Mapped[float | None] = mapped_column(Float)
+    data: Mapped[dict[str, Any] | None]
+
+
+class MetricPoint(Base):
+    __tablename__ = "metric_points"
+    __table_args__ = (Index(None, "job_id", "name", "step"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    stage: Mapped[str | None] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(100))
+    step: Mapped[int] = mapped_column(BigInteger)
+    value: Mapped[float | None] = mapped_column(Float)  # None records a non-finite value (NaN loss)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("job_id", "name"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("art_"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(32))
+    stage: Mapped[str | None] = mapped_column(String(16))
+    storage_key: Mapped[str] = mapped_column(String(1024))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    content_type: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class PromptFile(Base):
+    """An uploaded prompts file (JSONL), referenced by jobs as data.source = its id."""
+
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("file-"))
+    org_id: Mapped[str] = mapped_column(ForeignKey("organisations.id", ondelete="CASCADE"), index=True)
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    prompt_count: Mapped[int]
+    storage_key: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Webhook(Base):
+    __tablename__ = "webhooks"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("wh_"))
+    org_id: Mapped[str] = mapped_column(ForeignKey("organisations.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    # Kept retrievable (not hashed): every delivery is signed with it.
+    secret: Mapped[str] = mapped_column(String(100))
+    event_types: Mapped[list[str]]
+    description: Mapped[str | None] = mapped_column(String(500))
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One event message for one endpoint; its id is the Standard Webhooks `webhook-id`."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index(None, "status", "next_attempt_at"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("msg_"))
+    webhook_id: Mapped[str] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(40))
+    event_type: Mapped[str] = mapped_column(String(40))
+    payload: Mapped[str] = mapped_column(Text)  # the exact bytes signed and sent, on every attempt
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending|succeeded|failed
+    attempt_count: Mapped[int] = mapped_column(default=0)
+    next_attempt_at: Mapped[datetime | None]
+    locked_until: Mapped[datetime | None]  # a dispatcher's claim, so two API processes never double-send
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookAttempt(Base):
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int]
+    attempted_at: Mapped[datetime] = mapped_column(default=utcnow)
+    status_code: Mapped[int | None]
+    error: Mapped[str | None] = mapped_column(String(500))
+    duration_ms: Mapped[int]
+    succeeded: Mapped[bool] = mapped_column(Boolean)

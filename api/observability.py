@@ -1,0 +1,139 @@
+"""Prometheus metrics and request-level ASGI middleware (metrics, body-size limits).
+
+Per-process request counters live in a registry owned by the app (not the global one, so several
+apps in one test process don't collide). Job and webhook gauges are read from the database at
+scrape time: they are then correct however many API processes run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.models import Job, WebhookDelivery
+from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE
+from api.states import JobStatus
+
+log = logging.getLogger("draftsmith.api")
+
+
+class DatabaseCollector(Collector):
+    def __init__(self, services_getter: Callable[[], object]) -> None:
+        self._services = services_getter
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        jobs = GaugeMetricFamily("draftsmith_jobs", "Jobs by status (all organisations).", labels=["status"])
+        deliveries = GaugeMetricFamily("draftsmith_webhook_deliveries", "Webhook deliveries by status.",
+                                       labels=["status"])
+        try:
+            services = self._services()
+            with services.session_factory() as session:  # type: ignore[attr-defined]
+                counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+                delivery_counts = dict(
+                    session.execute(select(WebhookDelivery.status, func.count()).group_by(WebhookDelivery.status)).all()
+                )
+        except Exception:  # a scrape must not fail because the database is down; /readyz reports that
+            log.warning("metrics: database unavailable", exc_info=True)
+            return
+        for status in JobStatus:
+            jobs.add_metric([str(status)], counts.get(str(status), 0))
+        for status in ("pending", "succeeded", "failed"):
+            deliveries.add_metric([status], delivery_counts.get(status, 0))
+        yield jobs
+        yield deliveries
+
+
+class ApiMetrics:
+    def __init__(self, services_getter: Callable[[], object]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("draftsmith_http_requests", "HTTP requests handled.",
+                                ["method", "route", "status"], registry=self.registry)
+        self.latency = Histogram("draftsmith_http_request_duration_seconds", "Time to the end of the response.",
+                                 ["method", "route"], registry=self.registry,
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60))
+        self.registry.register(DatabaseCollector(services_getter))
+
+
+class RequestMetricsMiddleware:
+    """Counts requests by route *template* (`/v1/jobs/{job_id}`), so ids don't explode label sets."""
+
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status_holder = {"status": 500}
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_holder["status"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.requests.labels(scope["method"], route, str(status_holder["status"])).inc()
+            self.metrics.latency.labels(scope["method"], route).observe(time.perf_counter() - started)
+
+
+class BodySizeLimitMiddleware:
+    """Refuse request bodies over a per-path limit with a 413 problem, before they are buffered.
+
+    A declared Content-Length over the limit is refused at once; a chunked body is counted as it
+    streams and the route's body read fails with 413 (raised as an HTTPException inside the route,
+    where the app's problem handler renders it).
+    """
+
+    def __init__(self, app: ASGIApp, limit_for: Callable[[str], int]) -> None:
+        self.app = app
+        self.limit_for = limit_for
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope["path"])
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(scope, send, limit)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise HTTPException(413, f"request body larger than {limit} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, send: Send, limit: int) -> None:
+        body = json.dumps({
+            "type": PROBLEM_TYPE_BASE + "payload-too-large",
+            "title": "Upload too large",
+            "status": 413,
+            "detail": f"request body larger than {limit} bytes; for prompts files, split the file",
+            "instance": scope["path"],
+        }).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", PROBLEM_MEDIA_TYPE.encode()),
+                                (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})

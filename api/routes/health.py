@@ -1,0 +1,67 @@
+"""/healthz (process alive), /readyz (database reachable and migrated, broker reachable), /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from api.db import check_schema_is_current
+from api.db import ping as ping_database
+from api.deps import services_for
+from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE, problem_responses
+from api.schemas import HealthOut, ReadinessOut
+
+router = APIRouter(tags=["health"])
+CHECK_TIMEOUT_SECONDS = 5.0
+
+
+@router.get("/healthz", response_model=HealthOut, summary="Liveness: the process answers")
+def healthz() -> HealthOut:
+    return HealthOut(status="ok")
+
+
+async def _check(name: str, func: Any) -> tuple[str, str]:
+    try:
+        await asyncio.wait_for(run_in_threadpool(func), timeout=CHECK_TIMEOUT_SECONDS)
+    except TimeoutError:
+        return name, f"timeout after {CHECK_TIMEOUT_SECONDS:g}s"
+    except Exception as exc:  # any failure means "not ready"; say which and why
+        return name, f"error: {type(exc).__name__}: {str(exc)[:200]}"
+    return name, "ok"
+
+
+@router.get(
+    "/readyz",
+    response_model=ReadinessOut,
+    summary="Readiness: database reachable and migrated, broker reachable",
+    responses={503: {**problem_responses(503)[503], "description": "A dependency is down; `checks` says which."}},
+)
+async def readyz(request: Request) -> Any:
+    services = services_for(request.app)
+    database = _check("database", lambda: ping_database(services.engine))
+    schema = _check("schema", lambda: check_schema_is_current(services.engine))
+    broker = (
+        _check("broker", services.queue.ping)
+        if services.settings.broker_enabled
+        else asyncio.sleep(0, result=("broker", "disabled"))
+    )
+    checks = dict(await asyncio.gather(database, schema, broker))
+    if all(value in ("ok", "disabled") for value in checks.values()):
+        return ReadinessOut(status="ready", checks=checks)
+    failing = ", ".join(f"{name} ({value})" for name, value in checks.items() if value not in ("ok", "disabled"))
+    return JSONResponse(
+        {"type": PROBLEM_TYPE_BASE + "not-ready", "title": "Not ready", "status": 503,
+         "detail": f"unreachable: {failing}", "instance": request.url.path, "checks": checks},
+        status_code=503, media_type=PROBLEM_MEDIA_TYPE,
+    )
+
+
+@router.get("/metrics", summary="Prometheus metrics (text exposition format)", response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}}})
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,214 @@
+"""/v1/jobs/{id}/events (paged JSON or live SSE), /metrics (downsampled), /artifacts (download)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import PurePosixPath
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from sqlalchemy import func, select
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import ReadPrincipal, Services, ServicesDep, SessionDep
+from api.events import events_after
+from api.jobs import get_job_for_org
+from api.models import Artifact, Job, JobEvent, MetricPoint
+from api.problems import FieldError, InvalidRequest, NotFound, problem_responses
+from api.schemas import ArtifactList, ArtifactOut, EventList, EventOut, MetricPointOut, MetricsOut, MetricSeries
+from api.states import TERMINAL_STATUSES, JobStatus
+
+router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["job data"])
+SSE_BATCH = 500
+
+
+def _event_out(event: JobEvent) -> EventOut:
+    return EventOut(id=event.seq, created_at=event.created_at, type=event.type, level=event.level,  # type: ignore[arg-type]
+                    stage=event.stage, message=event.message, progress=event.progress, data=event.data)
+
+
+def _parse_last_event_id(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise InvalidRequest("Last-Event-ID must be the numeric id of an event already received",
+                             errors=[FieldError(field="Last-Event-ID", message="expected a non-negative integer")])
+    return int(value.strip())
+
+
+@router.get(
+    "/events",
+    response_model=EventList,
+    summary="Job events: a page of JSON, or a live Server-Sent Events stream",
+    description="With `Accept: text/event-stream` the response is an SSE stream: every event is sent as "
+    "`id: <seq>` + `data: <EventOut JSON>`, the stream resumes after `Last-Event-ID` (or `after`), and "
+    "it ends with an `event: end` message once the job is finished. Reconnecting to a finished job "
+    "with nothing new answers 204, which tells EventSource clients to stop. Streams also close after "
+    "`DRAFTSMITH_SSE_MAX_STREAM_SECONDS`; reconnect with Last-Event-ID to continue.",
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
+               204: {"description": "Stream requested for a finished job with no newer events."},
+               **problem_responses(401, 403, 404, 422)},
+)
+def list_events(
+    principal: ReadPrincipal,
+    session: SessionDep,
+    services: ServicesDep,
+    request: Request,
+    job_id: str,
+    after: Annotated[int, Query(ge=0, le=2**62, description="Return events with id > after.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
+) -> EventList | Response:
+    job = get_job_for_org(session, principal.org_id, job_id)
+    resume_from = _parse_last_event_id(last_event_id)
+    cursor = resume_from if resume_from is not None else after
+    if "text/event-stream" in request.headers.get("accept", ""):
+        if JobStatus(job.status) in TERMINAL_STATUSES and not events_after(session, job.id, cursor, 1):
+            return Response(status_code=204)
+        session.close()  # the stream polls with its own short sessions
+        return StreamingResponse(
+            _sse_stream(request, services, job.id, cursor),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    events = events_after(session, job.id, cursor, limit + 1)
+    page = events[:limit]
+    return EventList(data=[_event_out(e) for e in page], has_more=len(events) > limit,
+                     next_cursor=page[-1].seq if page else None, job_status=job.status)
+
+
+def _poll(services: Services, job_id: str, after: int) -> tuple[str, list[EventOut]]:
+    with services.session_factory() as session:
+        # Status first, then events: the terminal transition commits together with its own event,
+        # so a terminal status read here guarantees its event is visible to the query below.
+        status = session.scalar(select(Job.status).where(Job.id == job_id)) or JobStatus.CANCELLED
+        return status, [_event_out(e) for e in events_after(session, job_id, after, SSE_BATCH)]
+
+
+async def _sse_stream(request: Request, services: Services, job_id: str, after: int) -> AsyncIterator[str]:
+    settings = services.settings
+    deadline = time.monotonic() + settings.sse_max_stream_seconds
+    last_write = time.monotonic()
+    yield "retry: 2000\n\n"
+    while True:
+        status, events = await run_in_threadpool(_poll, services, job_id, after)
+        for event in events:
+            after = event.id
+            yield f"id: {event.id}\ndata: {event.model_dump_json()}\n\n"
+            last_write = time.monotonic()
+        if len(events) == SSE_BATCH:
+            continue  # more are waiting: drain before sleeping
+        if JobStatus(status) in TERMINAL_STATUSES:
+            yield f"event: end\ndata: {json.dumps({'job_id': job_id, 'status': status})}\n\n"
+            return
+        if time.monotonic() > deadline or await request.is_disconnected():
+            return
+        if time.monotonic() - last_write > settings.sse_keepalive_seconds:
+            yield ": keepalive\n\n"  # comment line: keeps proxies from closing an idle stream
+            last_write = time.monotonic()
+        await asyncio.sleep(settings.sse_poll_interval_seconds)
+
+
+@router.get(
+    "/metrics",
+    response_model=MetricsOut,
+    summary="Training and validation metrics, downsampled to at most max_points per series",
+    description="Series with more points than `max_points` in the step range are split into at most "
+    "`max_points` equal step buckets; each bucket reports its mean value at its last step.",
+    responses=problem_responses(401, 403, 404, 422),
+)
+def get_metrics(
+    principal: ReadPrincipal,
+    session: SessionDep,
+    job_id: str,
+    name: Annotated[list[str] | None, Query(description="Metric names; default all.", max_length=50)] = None,
+    step_min: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    step_max: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+    max_points: Annotated[int, Query(ge=2, le=10_000)] = 500,
+) -> MetricsOut:
+    job = get_job_for_org(session, principal.org_id, job_id)
+    if step_max is not None and step_max < step_min:
+        raise InvalidRequest("step_max must be >= step_min",
+                             errors=[FieldError(field="step_max", message="must be >= step_min")])
+    conditions = [MetricPoint.job_id == job.id, MetricPoint.step >= step_min]
+    if step_max is not None:
+        conditions.append(MetricPoint.step <= step_max)
+    if name:
+        conditions.append(MetricPoint.name.in_(name))
+    stats = session.execute(
+        select(MetricPoint.name, func.count(), func.min(MetricPoint.step), func.max(MetricPoint.step))
+        .where(*conditions).group_by(MetricPoint.name).order_by(MetricPoint.name)
+    ).all()
+    series = []
+    for metric, count, low, high in stats:
+        where = [*conditions, MetricPoint.name == metric]
+        if count <= max_points:
+            rows = session.execute(
+                select(MetricPoint.step, MetricPoint.value).where(*where).order_by(MetricPoint.step, MetricPoint.id)
+            ).all()
+            downsampled = False
+        else:
+            # Integer bucket index computed in SQL on both databases. `//` is SQLAlchemy's floor
+            # division; plain `/` is true division since SQLAlchemy 2.0 and would round buckets.
+            width = -(-(high - low + 1) // max_points)
+            bucket = (MetricPoint.step - low) // width
+            rows = session.execute(
+                select(func.max(MetricPoint.step), func.avg(MetricPoint.value))
+                .where(*where).group_by(bucket).order_by(func.max(MetricPoint.step))
+            ).all()
+            downsampled = True
+        points = [MetricPointOut(step=int(step), value=None if value is None else float(value)) for step, value in rows]
+        series.append(MetricSeries(name=metric, points=points, total_points=count, downsampled=downsampled))
+    return MetricsOut(job_id=job.id, max_points=max_points, series=series)
+
+
+def _artifact_out(artifact: Artifact) -> ArtifactOut:
+    return ArtifactOut(
+        id=artifact.id, name=artifact.name, kind=artifact.kind, stage=artifact.stage, size_bytes=artifact.size_bytes,
+        sha256=artifact.sha256, content_type=artifact.content_type, created_at=artifact.created_at,
+        download_path=f"/v1/jobs/{artifact.job_id}/artifacts/{artifact.name}",
+    )
+
+
+@router.get("/artifacts", response_model=ArtifactList, summary="List a job's artifacts",
+            responses=problem_responses(401, 403, 404))
+def list_artifacts(principal: ReadPrincipal, session: SessionDep, job_id: str) -> ArtifactList:
+    job = get_job_for_org(session, principal.org_id, job_id)
+    artifacts = session.scalars(select(Artifact).where(Artifact.job_id == job.id).order_by(Artifact.name))
+    return ArtifactList(data=[_artifact_out(a) for a in artifacts])
+
+
+@router.get(
+    "/artifacts/{name:path}",
+    summary="Download an artifact",
+    description="Local storage streams the bytes (ETag = sha256); S3 storage answers 307 with a presigned URL.",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+               307: {"description": "Redirect to a presigned object-storage URL."},
+               **problem_responses(401, 403, 404)},
+)
+def download_artifact(principal: ReadPrincipal, session: SessionDep, services: ServicesDep, job_id: str,
+                      name: str) -> Response:
+    job = get_job_for_org(session, principal.org_id, job_id)
+    artifact = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.name == name))
+    if artifact is None:
+        raise NotFound(f"job {job.id} has no artifact {name!r}")
+    filename = PurePosixPath(artifact.name).name
+    url = services.storage.presigned_url(artifact.storage_key, filename=filename)
+    if url is not None:
+        return RedirectResponse(url, status_code=307)
+    if not services.storage.exists(artifact.storage_key):
+        raise NotFound(f"artifact {name!r} is registered but its bytes are missing from storage")
+    return StreamingResponse(
+        services.storage.open_chunks(artifact.storage_key),
+        media_type=artifact.content_type,
+        headers={
+            "Content-Length": str(artifact.size_bytes),
+            "Content-Disposition": f'attachment; filename="{filename}"',
+            "ETag": f'"{artifact.sha256}"',
+        },
+    )

@@ -1,0 +1,166 @@
+"""/v1/jobs: create (idempotent), list, get, cancel, resume, estimate."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+
+from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
+from api.estimates import GPU_CLASSES, estimate_job
+from api.jobs import (
+    JOB_ID_RE,
+    cancel_job,
+    create_job,
+    get_job_for_org,
+    jobs_to_out,
+    list_jobs,
+    parse_job_spec,
+    resume_job,
+)
+from api.problems import FieldError, InvalidRequest, problem_responses
+from api.schemas import EstimateOut, JobList, JobOut
+from schemas.job_spec import JobSpec
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+StatusFilter = Literal[
+    "queued", "preparing", "generating", "training", "validating", "exporting", "publishing",
+    "succeeded", "failed", "cancelling", "cancelled",
+]
+GpuClassName = Literal["cpu-2core", "l4-24gb", "a10g-24gb", "a100-80gb", "h100-80gb", "h200-141gb"]
+assert set(GpuClassName.__args__) == set(GPU_CLASSES)  # type: ignore[attr-defined]
+_LABEL_FILTER_RE = re.compile(r"^([a-z0-9][a-z0-9_.-]{0,62}):(.{0,256})$", re.DOTALL)
+
+# The body is validated by `job_spec_body` (it needs this deployment's allowed file roots as
+# validation context, which FastAPI's own body parsing cannot pass), so describe it explicitly.
+JOB_SPEC_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}}},
+    }
+}
+
+
+async def job_spec_body(request: Request, services: ServicesDep) -> JobSpec:
+    return parse_job_spec(await request.body(), services.settings)
+
+
+SpecBody = Annotated[JobSpec, Depends(job_spec_body)]
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobOut,
+    summary="Create a job",
+    openapi_extra=JOB_SPEC_BODY,
+    responses={
+        200: {"description": "Replay: a job with this Idempotency-Key and the same body already exists; "
+                             "it is returned unchanged with header `Idempotent-Replayed: true`.",
+              "model": JobOut},
+        201: {"description": "Created and queued."},
+        **problem_responses(400, 401, 403, 409, 413, 422, 429, 503),
+    },
+)
+def create(
+    principal: WritePrincipal,
+    spec: SpecBody,
+    session: SessionDep,
+    services: ServicesDep,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(alias="Idempotency-Key", max_length=255,
+               description="Retry-safe creation: the same key and body return the same job (200); "
+                           "the same key with a different body is 409."),
+    ] = None,
+) -> JobOut:
+    created = create_job(session, services.settings, services.queue, org_id=principal.org_id, spec=spec,
+                         idempotency_key=idempotency_key)
+    if created.replayed:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    response.headers["Location"] = f"/v1/jobs/{created.job.id}"
+    return jobs_to_out(session, [created.job])[0]
+
+
+@router.get("", response_model=JobList, summary="List jobs, newest first",
+            responses=problem_responses(401, 403, 422))
+def list_(
+    principal: ReadPrincipal,
+    session: SessionDep,
+    status: Annotated[list[StatusFilter] | None, Query(description="Keep jobs in any of these states.")] = None,
+    label: Annotated[
+        list[str] | None, Query(description="`key:value`; repeat to require several labels.", max_length=16)
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[str | None, Query(description="Cursor: `next_cursor` of the previous page.", max_length=64)] = None,
+) -> JobList:
+    labels = []
+    for item in label or []:
+        match = _LABEL_FILTER_RE.match(item)
+        if not match:
+            raise InvalidRequest(
+                f"label filter {item!r} must be key:value with a label key like `team`",
+                errors=[FieldError(field="label", message="expected key:value")],
+            )
+        labels.append((match.group(1), match.group(2)))
+    if after is not None and not JOB_ID_RE.match(after):
+        raise InvalidRequest("`after` must be a job id taken from next_cursor",
+                             errors=[FieldError(field="after", message="not a job id")])
+    jobs, has_more = list_jobs(session, principal.org_id, statuses=list(status or []), labels=labels,
+                               limit=limit, after=after)
+    return JobList(data=jobs_to_out(session, jobs), has_more=has_more,
+                   next_cursor=jobs[-1].id if has_more and jobs else None)
+
+
+@router.post(
+    "/estimate",
+    response_model=EstimateOut,
+    summary="Estimate tokens, steps, time and cost of a job without creating it",
+    openapi_extra=JOB_SPEC_BODY,
+    responses=problem_responses(401, 403, 413, 422),
+)
+def estimate(
+    principal: ReadPrincipal,
+    spec: SpecBody,
+    gpu_class: Annotated[GpuClassName | None, Query(description="One class; default: all classes.")] = None,
+    gpu_count: Annotated[int, Query(ge=1, le=64)] = 1,
+    target_parameters_billion: Annotated[
+        float | None, Query(gt=0, le=2000, description="Target size; default from the bundled table or model name.")
+    ] = None,
+) -> EstimateOut:
+    return estimate_job(spec, gpu_class=gpu_class, gpu_count=gpu_count,
+                        target_parameters_billion=target_parameters_billion)
+
+
+@router.get("/{job_id}", response_model=JobOut, summary="Get a job", responses=problem_responses(401, 403, 404))
+def get(principal: ReadPrincipal, session: SessionDep, job_id: str) -> JobOut:
+    return jobs_to_out(session, [get_job_for_org(session, principal.org_id, job_id)])[0]
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobOut,
+    summary="Cancel a job",
+    description="A queued job is cancelled at once; a running one becomes `cancelling` until the worker stops "
+    "at a safe point. Cancelling a cancelling/cancelled job is a no-op; a finished job answers 409.",
+    responses=problem_responses(401, 403, 404, 409),
+)
+def cancel(principal: WritePrincipal, session: SessionDep, job_id: str) -> JobOut:
+    return jobs_to_out(session, [cancel_job(session, principal.org_id, job_id)])[0]
+
+
+@router.post(
+    "/{job_id}/resume",
+    response_model=JobOut,
+    summary="Resume a failed or cancelled job",
+    description="Queues the job again; the worker restarts at the first stage that has not succeeded "
+    "(the failed or cancelled one). Finished stages are not rerun.",
+    responses=problem_responses(401, 403, 404, 409, 429, 503),
+)
+def resume(principal: WritePrincipal, session: SessionDep, services: ServicesDep, job_id: str) -> JobOut:
+    job = resume_job(session, services.settings, services.queue, principal.org_id, job_id)
+    return jobs_to_out(session, [job])[0]

@@ -1,0 +1,127 @@
+"""/v1/webhooks: per-organisation endpoints (admin scope) and their delivery log."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from fastapi import APIRouter, Response
+from sqlalchemy import select
+
+from api.deps import AdminPrincipal, SessionDep, SettingsDep
+from api.models import Webhook, WebhookAttempt, WebhookDelivery, utcnow
+from api.problems import FieldError, InvalidRequest, NotFound, problem_responses
+from api.schemas import (
+    WebhookAttemptOut,
+    WebhookCreate,
+    WebhookCreated,
+    WebhookDeliveryList,
+    WebhookDeliveryOut,
+    WebhookList,
+    WebhookOut,
+    WebhookUpdate,
+)
+from api.settings import Settings
+from api.webhooks import check_webhook_url, new_webhook_secret
+
+router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
+MAX_WEBHOOKS_PER_ORG = 20
+
+
+def _out(hook: Webhook) -> WebhookOut:
+    return WebhookOut(id=hook.id, url=hook.url, events=list(hook.event_types), description=hook.description,
+                      enabled=hook.enabled, created_at=hook.created_at, updated_at=hook.updated_at)
+
+
+def _checked_url(url: str, settings: Settings) -> str:
+    problem = check_webhook_url(url, allow_private=settings.webhook_allow_private_targets)
+    if problem:
+        raise InvalidRequest(f"url: {problem}", errors=[FieldError(field="url", message=problem)])
+    return url
+
+
+def _get(session: SessionDep, org_id: str, webhook_id: str) -> Webhook:
+    hook = session.scalar(select(Webhook).where(Webhook.id == webhook_id, Webhook.org_id == org_id))
+    if hook is None:
+        raise NotFound(f"no webhook {webhook_id!r} in your organisation")
+    return hook
+
+
+@router.post("", status_code=201, response_model=WebhookCreated, summary="Register a webhook endpoint",
+             description="The response carries the `whsec_...` signing secret, shown this once.",
+             responses=problem_responses(401, 403, 409, 422))
+def create_webhook(principal: AdminPrincipal, session: SessionDep, settings: SettingsDep,
+                   body: WebhookCreate) -> WebhookCreated:
+    url = _checked_url(str(body.url), settings)
+    count = len(session.scalars(select(Webhook.id).where(Webhook.org_id == principal.org_id)).all())
+    if count >= MAX_WEBHOOKS_PER_ORG:
+        raise InvalidRequest(f"an organisation may have at most {MAX_WEBHOOKS_PER_ORG} webhooks; delete one first",
+                             errors=[FieldError(field="url", message="too many webhooks")])
+    hook = Webhook(org_id=principal.org_id, url=url, secret=new_webhook_secret(),
+                   event_types=sorted(set(body.events)), description=body.description, enabled=body.enabled)
+    session.add(hook)
+    session.commit()
+    return WebhookCreated(**_out(hook).model_dump(), secret=hook.secret)
+
+
+@router.get("", response_model=WebhookList, summary="List webhook endpoints", responses=problem_responses(401, 403))
+def list_webhooks(principal: AdminPrincipal, session: SessionDep) -> WebhookList:
+    hooks = session.scalars(select(Webhook).where(Webhook.org_id == principal.org_id).order_by(Webhook.id))
+    return WebhookList(data=[_out(h) for h in hooks])
+
+
+@router.get("/{webhook_id}", response_model=WebhookOut, summary="Get a webhook endpoint",
+            responses=problem_responses(401, 403, 404))
+def get_webhook(principal: AdminPrincipal, session: SessionDep, webhook_id: str) -> WebhookOut:
+    return _out(_get(session, principal.org_id, webhook_id))
+
+
+@router.patch("/{webhook_id}", response_model=WebhookOut, summary="Change a webhook endpoint",
+              responses=problem_responses(401, 403, 404, 422))
+def update_webhook(principal: AdminPrincipal, session: SessionDep, settings: SettingsDep, webhook_id: str,
+                   body: WebhookUpdate) -> WebhookOut:
+    hook = _get(session, principal.org_id, webhook_id)
+    if body.url is not None:
+        hook.url = _checked_url(str(body.url), settings)
+    if body.events is not None:
+        hook.event_types = sorted(set(body.events))
+    if "description" in body.model_fields_set:
+        hook.description = body.description
+    if body.enabled is not None:
+        hook.enabled = body.enabled
+    hook.updated_at = utcnow()
+    session.commit()
+    return _out(hook)
+
+
+@router.delete("/{webhook_id}", status_code=204, response_class=Response, summary="Delete a webhook endpoint",
+               responses=problem_responses(401, 403, 404))
+def delete_webhook(principal: AdminPrincipal, session: SessionDep, webhook_id: str) -> Response:
+    session.delete(_get(session, principal.org_id, webhook_id))
+    session.commit()
+    return Response(status_code=204)
+
+
+@router.get("/{webhook_id}/deliveries", response_model=WebhookDeliveryList,
+            summary="Recent deliveries to this endpoint, newest first, with every attempt",
+            responses=problem_responses(401, 403, 404))
+def list_deliveries(principal: AdminPrincipal, session: SessionDep, webhook_id: str) -> WebhookDeliveryList:
+    hook = _get(session, principal.org_id, webhook_id)
+    deliveries = list(session.scalars(
+        select(WebhookDelivery).where(WebhookDelivery.webhook_id == hook.id)
+        .order_by(WebhookDelivery.id.desc()).limit(100)
+    ))
+    attempts: dict[str, list[WebhookAttempt]] = defaultdict(list)
+    if deliveries:
+        for attempt in session.scalars(
+            select(WebhookAttempt).where(WebhookAttempt.delivery_id.in_([d.id for d in deliveries]))
+            .order_by(WebhookAttempt.attempt)
+        ):
+            attempts[attempt.delivery_id].append(attempt)
+    return WebhookDeliveryList(data=[
+        WebhookDeliveryOut(
+            id=d.id, event_type=d.event_type, job_id=d.job_id, status=d.status,  # type: ignore[arg-type]
+            attempt_count=d.attempt_count, next_attempt_at=d.next_attempt_at, created_at=d.created_at,
+            attempts=[WebhookAttemptOut.model_validate(a, from_attributes=True) for a in attempts[d.id]],
+        )
+        for d in deliveries
+    ])

@@ -1,0 +1,231 @@
+"""Request and response bodies of the REST API (the job spec itself lives in schemas/job_spec.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+
+from api.webhooks import WEBHOOK_EVENT_TYPES
+from schemas.job_spec import JobSpec
+
+WebhookEventType = Literal["job.started", "job.stage_changed", "job.succeeded", "job.failed", "job.cancelled"]
+assert set(WebhookEventType.__args__) == set(WEBHOOK_EVENT_TYPES)  # type: ignore[attr-defined]
+
+
+class JobError(BaseModel):
+    code: str = Field(description="Machine-readable cause, e.g. `target_not_found`, `oom`, `enqueue_failed`.")
+    message: str
+    stage: str | None = Field(description="The stage that failed, where the job resumes from.")
+
+
+class StageRunOut(BaseModel):
+    id: str
+    stage: str
+    attempt: int
+    status: Literal["running", "succeeded", "failed", "cancelled", "abandoned"]
+    progress: float | None = Field(description="Percent complete reported by the worker, 0-100.")
+    worker_id: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    error_code: str | None
+    error_message: str | None
+
+
+class JobOut(BaseModel):
+    id: str
+    object: Literal["job"] = "job"
+    status: Literal[
+        "queued", "preparing", "generating", "training", "validating", "exporting", "publishing",
+        "succeeded", "failed", "cancelling", "cancelled",
+    ]
+    stage: str | None = Field(description="The stage running now, or the last one that ran.")
+    stage_progress: float | None = Field(description="Percent complete of `stage`, when the worker reports it.")
+    name: str | None
+    labels: dict[str, str]
+    spec: JobSpec
+    error: JobError | None
+    cancel_requested: bool
+    resume_count: int
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    stages: list[StageRunOut] = Field(description="Every stage attempt, oldest first.")
+
+
+class JobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[JobOut]
+    has_more: bool
+    next_cursor: str | None = Field(description="Pass as `after` to get the next page; null on the last page.")
+
+
+class EventOut(BaseModel):
+    id: int = Field(description="Per-job sequence number, 1, 2, 3...; the SSE `id:` line.")
+    created_at: datetime
+    type: str
+    level: Literal["debug", "info", "warning", "error"]
+    stage: str | None
+    message: str
+    progress: float | None
+    data: dict[str, Any] | None
+
+
+class EventList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EventOut]
+    has_more: bool
+    next_cursor: int | None = Field(description="Pass as `after` for the next page (the last event's id).")
+    job_status: str
+
+
+class MetricPointOut(BaseModel):
+    step: int
+    value: float | None = Field(description="Mean over the bucket when downsampled; null for a non-finite value.")
+
+
+class MetricSeries(BaseModel):
+    name: str
+    points: list[MetricPointOut]
+    total_points: int = Field(description="Points recorded in the requested step range, before downsampling.")
+    downsampled: bool
+
+
+class MetricsOut(BaseModel):
+    job_id: str
+    max_points: int
+    series: list[MetricSeries]
+
+
+class ArtifactOut(BaseModel):
+    id: str
+    object: Literal["artifact"] = "artifact"
+    name: str
+    kind: str
+    stage: str | None
+    size_bytes: int
+    sha256: str
+    content_type: str
+    created_at: datetime
+    download_path: str = Field(description="GET this path (with your key) to download; S3 storage answers 307.")
+
+
+class ArtifactList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ArtifactOut]
+
+
+class FileOut(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    filename: str
+    purpose: Literal["prompts"]
+    bytes: int
+    sha256: str
+    prompt_count: int
+    created_at: datetime
+
+
+class FileList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FileOut]
+
+
+class WebhookCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: HttpUrl = Field(description="http(s) endpoint receiving signed POSTs.")
+    events: list[WebhookEventType] = Field(
+        default_factory=lambda: list(WEBHOOK_EVENT_TYPES), min_length=1, description="Events to send; default all."
+    )
+    description: str | None = Field(default=None, max_length=500)
+    enabled: bool = True
+
+
+class WebhookUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: HttpUrl | None = None
+    events: list[WebhookEventType] | None = Field(default=None, min_length=1)
+    description: str | None = Field(default=None, max_length=500)
+    enabled: bool | None = None
+
+
+class WebhookOut(BaseModel):
+    id: str
+    object: Literal["webhook"] = "webhook"
+    url: str
+    events: list[str]
+    description: str | None
+    enabled: bool
+    created_at: datetime
+    updated_at: datetime
+
+
+class WebhookCreated(WebhookOut):
+    secret: str = Field(description="`whsec_...` signing secret. Shown only in this response: store it now.")
+
+
+class WebhookList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[WebhookOut]
+
+
+class WebhookAttemptOut(BaseModel):
+    attempt: int
+    attempted_at: datetime
+    status_code: int | None
+    error: str | None
+    duration_ms: int
+    succeeded: bool
+
+
+class WebhookDeliveryOut(BaseModel):
+    id: str = Field(description="The `webhook-id` header value, identical across retries.")
+    event_type: str
+    job_id: str | None
+    status: Literal["pending", "succeeded", "failed"]
+    attempt_count: int
+    next_attempt_at: datetime | None
+    created_at: datetime
+    attempts: list[WebhookAttemptOut]
+
+
+class WebhookDeliveryList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[WebhookDeliveryOut]
+
+
+class GpuEstimate(BaseModel):
+    gpu_class: str
+    gpu_count: int
+    price_per_gpu_hour_usd: float
+    generation_minutes: float
+    training_minutes: float
+    validation_minutes: float
+    overhead_minutes: float
+    total_minutes: float
+    cost_usd: float
+    training_limited_by: Literal["max_steps", "max_minutes"]
+
+
+class EstimateOut(BaseModel):
+    prompts: int
+    holdout_prompts: int
+    tokens_to_generate: int = Field(description="Upper bound: every prompt answered to max_new_tokens.")
+    training_steps: int
+    drafter_tokens_per_step: int
+    target_parameters_billion: float
+    estimates: list[GpuEstimate]
+    assumptions: list[str]
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadinessOut(BaseModel):
+    status: Literal["ready"]
+    checks: dict[str, str]

@@ -1,0 +1,295 @@
+"""The stage-runner API: the only functions the worker uses to report on a job.
+
+Each function takes a SQLAlchemy `Session` and a job id, does its work in one transaction and
+**commits** before returning. State changes go through `api.states.transition`, the same guard the
+HTTP routes use. Build a session the way the API does:
+
+    from api.db import create_db_engine, create_session_factory
+    factory = create_session_factory(create_db_engine(settings.database_url))
+
+A Celery task `draftsmith.run_job(job_id)` is expected to loop:
+
+    while (stage := next_stage(session, job_id)) is not None:
+        claim_stage(session, job_id, stage, worker_id=...)          # queued/previous → stage state
+        ...work, calling record_event(..., progress=42.0), record_metrics(...),
+           store_artifact(...) / register_artifact(...) as it goes...
+        if cancellation_requested(session, job_id):
+            acknowledge_cancellation(session, job_id); return       # → cancelled
+        finish_stage(session, job_id, stage)                        # last stage → succeeded
+    (on an error: fail_job(session, job_id, code="oom", message=..., stage=stage); → failed)
+
+Functions:
+  next_stage(session, job_id) -> Stage | None      first stage without a succeeded attempt
+  claim_stage(session, job_id, stage, worker_id)   new attempt row; moves the job into the stage's
+                                                   state. Re-claiming the current stage (a redelivered
+                                                   task) marks the older running attempt `abandoned`.
+                                                   Raises CancellationPending if a cancel is pending,
+                                                   InvalidTransition if the job cannot run (e.g. was
+                                                   cancelled while queued), StageConflict if `stage`
+                                                   is not the next one.
+  record_event(session, job_id, message, stage=, progress=, level=, data=) -> seq
+  record_metrics(session, job_id, step, {"loss": 2.1, ...}, stage=) -> points written
+  register_artifact(session, job_id, name, storage_key=, size_bytes=, sha256=, kind=, ...) -> Artifact
+  store_artifact(session, storage, job_id, name, path, kind=, ...) -> Artifact   upload, then register
+  finish_stage(session, job_id, stage) -> JobStatus
+  fail_job(session, job_id, code=, message=, stage=)
+  cancellation_requested(session, job_id) -> bool
+  acknowledge_cancellation(session, job_id)
+
+An artifact is registered only after its bytes are fully stored, so a listed artifact is whole.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from api.events import append_event
+from api.jobs import next_stage
+from api.models import Artifact, Job, MetricPoint, StageRun, utcnow
+from api.problems import Conflict, InvalidTransition, NotFound
+from api.states import STAGE_ORDER, STATUS_OF_STAGE, JobStatus, Stage, transition
+from api.storage import LocalStorage, S3Storage, check_key
+
+__all__ = [
+    "CancellationPending", "StageConflict", "acknowledge_cancellation", "artifact_storage_key",
+    "cancellation_requested", "claim_stage", "fail_job", "finish_stage", "next_stage", "record_event",
+    "record_metrics", "register_artifact", "store_artifact",
+]
+
+_CODE_RE = re.compile(r"^[a-z0-9_.-]{1,64}$")
+_METRIC_RE = re.compile(r"^[A-Za-z0-9_./-]{1,100}$")
+_KIND_RE = re.compile(r"^[a-z0-9_-]{1,32}$")
+
+
+class StageConflict(Conflict):
+    slug, title = "stage-conflict", "Stage out of order"
+
+
+class CancellationPending(Conflict):
+    slug, title = "cancellation-pending", "Cancellation requested"
+
+
+def _locked_job(session: Session, job_id: str) -> Job:
+    # populate_existing: a long-lived worker session must not act on a stale copy of the row.
+    job = session.scalar(
+        select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
+    )
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    return job
+
+
+def _running_attempt(session: Session, job_id: str, stage: str | None) -> StageRun | None:
+    if stage is None:
+        return None
+    return session.scalar(
+        select(StageRun)
+        .where(StageRun.job_id == job_id, StageRun.stage == stage, StageRun.status == "running")
+        .order_by(StageRun.attempt.desc())
+        .limit(1)
+    )
+
+
+def claim_stage(session: Session, job_id: str, stage: Stage | str, *, worker_id: str | None = None) -> StageRun:
+    stage = Stage(stage)
+    job = _locked_job(session, job_id)
+    if job.status == JobStatus.CANCELLING:
+        raise CancellationPending(f"job {job_id} has a pending cancellation; acknowledge it instead of starting {stage}")
+    expected = next_stage(session, job_id)
+    if stage != expected:
+        raise StageConflict(f"job {job_id} cannot start {stage}: the next stage is {expected or 'none (all done)'}")
+    target = STATUS_OF_STAGE[stage]
+    now = utcnow()
+    if job.status == target:
+        # The same stage claimed again (worker died, task redelivered): the old attempt is over.
+        for stale in session.scalars(
+            select(StageRun).where(StageRun.job_id == job_id, StageRun.stage == stage, StageRun.status == "running")
+        ):
+            stale.status, stale.finished_at = "abandoned", now
+            stale.error_message = "superseded by a new attempt"
+    else:
+        transition(session, job, target, reason=f"stage {stage} started")
+    attempt = (session.scalar(
+        select(func.max(StageRun.attempt)).where(StageRun.job_id == job_id, StageRun.stage == stage)
+    ) or 0) + 1
+    run = StageRun(job_id=job_id, stage=str(stage), attempt=attempt, status="running", worker_id=worker_id,
+                   progress=0.0, started_at=now)
+    session.add(run)
+    append_event(session, job, "stage.started", f"stage {stage} started (attempt {attempt})", stage=str(stage),
+                 progress=0.0, data={"attempt": attempt, "worker_id": worker_id})
+    session.commit()
+    return run
+
+
+def record_event(
+    session: Session,
+    job_id: str,
+    message: str,
+    *,
+    stage: Stage | str | None = None,
+    progress: float | None = None,
+    level: str = "info",
+    data: dict | None = None,
+) -> int:
+    """Log a message (and, with `progress`, the running stage's percent complete). Returns its seq."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    stage_name = str(Stage(stage)) if stage is not None else job.stage
+    event = append_event(
+        session, job, "stage.progress" if progress is not None else "log", message,
+        stage=stage_name, level=level, progress=progress, data=data,
+    )
+    if progress is not None and (run := _running_attempt(session, job_id, stage_name)) is not None:
+        run.progress = progress
+    session.commit()
+    return event.seq
+
+
+def record_metrics(
+    session: Session, job_id: str, step: int, values: Mapping[str, float], *, stage: Stage | str | None = None
+) -> int:
+    """Store one point per metric at `step`. Non-finite values (a NaN loss) are kept as nulls."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    stage_name = str(Stage(stage)) if stage is not None else job.stage
+    now = utcnow()
+    points = []
+    for name, value in values.items():
+        if not _METRIC_RE.match(name):
+            raise ValueError(f"metric name {name!r} must be 1-100 characters of letters, digits, '_', '.', '/', '-'")
+        number = float(value)
+        points.append(MetricPoint(job_id=job_id, stage=stage_name, name=name, step=step,
+                                  value=number if math.isfinite(number) else None, created_at=now))
+    session.add_all(points)
+    session.commit()
+    return len(points)
+
+
+def artifact_storage_key(job_id: str, name: str) -> str:
+    return check_key(f"jobs/{job_id}/artifacts/{name}")
+
+
+def register_artifact(
+    session: Session,
+    job_id: str,
+    name: str,
+    *,
+    storage_key: str,
+    size_bytes: int,
+    sha256: str,
+    kind: str,
+    content_type: str = "application/octet-stream",
+    stage: Stage | str | None = None,
+) -> Artifact:
+    """Record an artifact already written to storage. Registering a name again replaces it (a rerun)."""
+    check_key(name)
+    check_key(storage_key)
+    if not _KIND_RE.match(kind):
+        raise ValueError(f"artifact kind {kind!r} must be 1-32 characters of a-z, 0-9, '_', '-'")
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise ValueError("sha256 must be 64 lowercase hex characters")
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    stage_name = str(Stage(stage)) if stage is not None else job.stage
+    artifact = session.scalar(select(Artifact).where(Artifact.job_id == job_id, Artifact.name == name))
+    if artifact is None:
+        artifact = Artifact(job_id=job_id, name=name)
+        session.add(artifact)
+    artifact.kind, artifact.stage, artifact.storage_key = kind, stage_name, storage_key
+    artifact.size_bytes, artifact.sha256, artifact.content_type = size_bytes, sha256, content_type
+    artifact.created_at = utcnow()
+    session.flush()
+    append_event(session, job, "artifact.created", f"artifact {name} ({size_bytes} bytes)", stage=stage_name,
+                 data={"name": name, "kind": kind, "sha256": sha256, "size_bytes": size_bytes})
+    session.commit()
+    return artifact
+
+
+def store_artifact(
+    session: Session,
+    storage: LocalStorage | S3Storage,
+    job_id: str,
+    name: str,
+    path: str | Path,
+    *,
+    kind: str,
+    content_type: str = "application/octet-stream",
+    stage: Stage | str | None = None,
+) -> Artifact:
+    """Upload a local file to the job's artifact area, then register it."""
+    key = artifact_storage_key(job_id, name)
+    stored = storage.put_file(key, path)
+    return register_artifact(session, job_id, name, storage_key=key, size_bytes=stored.size_bytes,
+                             sha256=stored.sha256, kind=kind, content_type=content_type, stage=stage)
+
+
+def finish_stage(session: Session, job_id: str, stage: Stage | str) -> JobStatus:
+    """Mark the running attempt succeeded; the last stage makes the job succeeded."""
+    stage = Stage(stage)
+    job = _locked_job(session, job_id)
+    run = _running_attempt(session, job_id, str(stage))
+    if run is None:
+        raise StageConflict(f"job {job_id} has no running attempt of stage {stage} to finish")
+    run.status, run.finished_at, run.progress = "succeeded", utcnow(), 100.0
+    append_event(session, job, "stage.finished", f"stage {stage} finished", stage=str(stage), progress=100.0)
+    if job.status == JobStatus.CANCELLING:
+        transition(session, job, JobStatus.CANCELLED, reason=f"cancelled after stage {stage} finished")
+    elif stage == STAGE_ORDER[-1]:
+        transition(session, job, JobStatus.SUCCEEDED, reason="all stages finished")
+    session.commit()
+    return JobStatus(job.status)
+
+
+def fail_job(session: Session, job_id: str, *, code: str, message: str, stage: Stage | str | None = None) -> JobStatus:
+    """End the job as failed (or cancelled, if a cancellation was pending) with a code and message."""
+    if not _CODE_RE.match(code):
+        raise ValueError(f"error code {code!r} must be 1-64 characters of a-z, 0-9, '_', '.', '-'")
+    job = _locked_job(session, job_id)
+    stage_name = str(Stage(stage)) if stage is not None else job.stage
+    run = _running_attempt(session, job_id, stage_name)
+    if run is not None:
+        run.status, run.finished_at = "failed", utcnow()
+        run.error_code, run.error_message = code, message[:10_000]
+    append_event(session, job, "stage.failed", f"{code}: {message}"[:10_000], stage=stage_name, level="error",
+                 data={"code": code})
+    if job.status == JobStatus.CANCELLING:
+        transition(session, job, JobStatus.CANCELLED, reason=f"cancelled (stage {stage_name} stopped with {code})")
+    else:
+        job.error_code, job.error_message, job.error_stage = code, message[:10_000], stage_name
+        transition(session, job, JobStatus.FAILED, reason=f"failed in stage {stage_name}: {code}")
+    session.commit()
+    return JobStatus(job.status)
+
+
+def cancellation_requested(session: Session, job_id: str) -> bool:
+    """Poll at safe points (between steps/batches); True means stop and acknowledge."""
+    status = session.scalar(select(Job.status).where(Job.id == job_id).execution_options(populate_existing=True))
+    if status is None:
+        raise NotFound(f"no job {job_id!r}")
+    session.rollback()  # end the read transaction so the next poll sees fresh data
+    return status in (JobStatus.CANCELLING, JobStatus.CANCELLED)
+
+
+def acknowledge_cancellation(session: Session, job_id: str) -> None:
+    job = _locked_job(session, job_id)
+    if job.status == JobStatus.CANCELLED:
+        session.commit()
+        return
+    if job.status != JobStatus.CANCELLING:
+        raise InvalidTransition(f"job {job_id} is {job.status}; no cancellation to acknowledge")
+    run = _running_attempt(session, job_id, job.stage)
+    if run is not None:
+        run.status, run.finished_at = "cancelled", utcnow()
+    transition(session, job, JobStatus.CANCELLED, reason="cancelled by request")
+    session.commit()

@@ -1,0 +1,202 @@
+"""Object storage for artifacts and uploaded files: a local directory or any S3-compatible store.
+
+Keys are relative, slash-separated paths ("jobs/job_X/artifacts/model.safetensors"); a backend
+maps them below its root (`file:///dir`) or prefix (`s3://bucket/prefix`). Writes are atomic
+from a reader's point of view (local: temp file + rename; S3: a single PUT or multipart upload
+that only appears on completion), so a half-written object is never visible under its key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+from urllib.parse import unquote, urlsplit
+
+from api.settings import Settings
+
+CHUNK_BYTES = 1 << 20
+_KEY_SEGMENT_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def check_key(key: str) -> str:
+    """Keys are relative paths of safe segments; '..', '.', empty and absolute paths are refused."""
+    segments = key.split("/")
+    if not key or any(s in ("", ".", "..") or not _KEY_SEGMENT_RE.match(s) for s in segments):
+        raise ValueError(
+            f"invalid storage key {key!r}: use '/'-separated names of letters, digits, '.', '_' and '-'"
+        )
+    return key
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    key: str
+    size_bytes: int
+    sha256: str
+
+
+class Storage(Protocol):
+    def put_file(self, key: str, path: str | Path) -> StoredObject: ...
+    def put_bytes(self, key: str, data: bytes) -> StoredObject: ...
+    def open_chunks(self, key: str) -> Iterator[bytes]: ...
+    def exists(self, key: str) -> bool: ...
+    def delete(self, key: str) -> None: ...
+    def presigned_url(self, key: str, *, filename: str | None = None) -> str | None: ...
+    def ping(self) -> None: ...
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class LocalStorage:
+    """A directory on a filesystem the API and the workers share."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / check_key(key)).resolve()
+        if self.root not in path.parents:  # belt and braces: check_key already forbids escapes
+            raise ValueError(f"storage key {key!r} escapes the storage root")
+        return path
+
+    def _write_atomically(self, key: str, source: BinaryIO) -> StoredObject:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest, size = hashlib.sha256(), 0
+        handle, temp_name = tempfile.mkstemp(dir=target.parent, prefix=".partial-")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                while chunk := source.read(CHUNK_BYTES):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    size += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp_name, target)
+        except BaseException:
+            Path(temp_name).unlink(missing_ok=True)
+            raise
+        return StoredObject(key, size, digest.hexdigest())
+
+    def put_file(self, key: str, path: str | Path) -> StoredObject:
+        with open(path, "rb") as source:
+            return self._write_atomically(key, source)
+
+    def put_bytes(self, key: str, data: bytes) -> StoredObject:
+        import io
+
+        return self._write_atomically(key, io.BytesIO(data))
+
+    def open_chunks(self, key: str) -> Iterator[bytes]:
+        with self._path(key).open("rb") as handle:
+            while chunk := handle.read(CHUNK_BYTES):
+                yield chunk
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def presigned_url(self, key: str, *, filename: str | None = None) -> str | None:
+        return None  # served through the API instead
+
+    def ping(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not os.access(self.root, os.W_OK):
+            raise OSError(f"storage root {self.root} is not writable")
+
+
+class S3Storage:
+    """An S3 bucket/prefix; any S3-compatible endpoint via settings.s3_endpoint_url."""
+
+    def __init__(self, bucket: str, prefix: str, settings: Settings) -> None:
+        import boto3  # imported here: a local-storage deployment never pays for botocore
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.ttl = settings.presigned_url_ttl_seconds
+        credentials: dict[str, Any] = {}
+        if settings.s3_access_key_id and settings.s3_secret_access_key:
+            credentials = {
+                "aws_access_key_id": settings.s3_access_key_id,
+                "aws_secret_access_key": settings.s3_secret_access_key.get_secret_value(),
+            }
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=settings.s3_endpoint_url,
+            region_name=settings.s3_region,
+            config=Config(signature_version="s3v4", retries={"max_attempts": 3, "mode": "standard"},
+                          connect_timeout=5, read_timeout=60),
+            **credentials,
+        )
+
+    def _object_key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put_file(self, key: str, path: str | Path) -> StoredObject:
+        path = Path(path)
+        sha256 = _sha256_file(path)
+        # upload_file switches to multipart for big files; the object appears only when complete.
+        self.client.upload_file(str(path), self.bucket, self._object_key(key), ExtraArgs={"Metadata": {"sha256": sha256}})
+        return StoredObject(key, path.stat().st_size, sha256)
+
+    def put_bytes(self, key: str, data: bytes) -> StoredObject:
+        sha256 = hashlib.sha256(data).hexdigest()
+        self.client.put_object(Bucket=self.bucket, Key=self._object_key(key), Body=data, Metadata={"sha256": sha256})
+        return StoredObject(key, len(data), sha256)
+
+    def open_chunks(self, key: str) -> Iterator[bytes]:
+        body = self.client.get_object(Bucket=self.bucket, Key=self._object_key(key))["Body"]
+        try:
+            yield from body.iter_chunks(CHUNK_BYTES)
+        finally:
+            body.close()
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._object_key(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._object_key(key))
+
+    def presigned_url(self, key: str, *, filename: str | None = None) -> str | None:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._object_key(key)}
+        if filename:
+            params["ResponseContentDisposition"] = f'attachment; filename="{filename}"'
+        return self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=self.ttl)
+
+    def ping(self) -> None:
+        self.client.head_bucket(Bucket=self.bucket)
+
+
+def storage_from_settings(settings: Settings) -> LocalStorage | S3Storage:
+    parts = urlsplit(settings.storage_url)
+    if parts.scheme == "file":
+        return LocalStorage(unquote(parts.path))
+    if parts.scheme == "s3":
+        if not parts.netloc:
+            raise ValueError("storage_url s3://bucket/prefix needs a bucket")
+        return S3Storage(parts.netloc, parts.path, settings)
+    raise ValueError(f"unsupported storage_url scheme {parts.scheme!r}; use file:/// or s3://")

@@ -1,0 +1,230 @@
+"""Outgoing webhooks, signed as Standard Webhooks (https://www.standardwebhooks.com).
+
+Delivery is an outbox: a job transition inserts `webhook_deliveries` rows in the same transaction
+as the state change, and `dispatch_due_webhooks` sends them later, so a crash between "state
+changed" and "HTTP sent" loses nothing. Each POST carries
+
+    webhook-id:        msg_...   (the delivery id: identical on every retry, for receiver dedup)
+    webhook-timestamp: unix seconds of this attempt
+    webhook-signature: v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>
+
+where `key` is the base64-decoded part of the endpoint's `whsec_...` secret. Failed attempts are
+retried with exponential backoff (base × 2^(n-1), capped) up to `webhook_max_attempts`; every
+attempt is a `webhook_attempts` row. The API process runs the dispatcher on a timer (see
+api/main.py); the worker may call `dispatch_due_webhooks` as well: claims make that safe.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import secrets
+import time
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.models import Job, JobLabel, Webhook, WebhookAttempt, WebhookDelivery, utcnow
+from api.settings import Settings
+
+WEBHOOK_EVENT_TYPES = ("job.started", "job.stage_changed", "job.succeeded", "job.failed", "job.cancelled")
+SECRET_PREFIX = "whsec_"
+CLAIM_SECONDS = 60  # a claimed delivery is retried by someone else if its sender vanished this long
+log = logging.getLogger("draftsmith.webhooks")
+
+
+def new_webhook_secret() -> str:
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def sign_payload(secret: str, msg_id: str, timestamp: int, body: str) -> str:
+    """The `webhook-signature` header value for one attempt."""
+    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+    mac = hmac.new(key, f"{msg_id}.{timestamp}.{body}".encode(), hashlib.sha256).digest()
+    return "v1," + base64.b64encode(mac).decode()
+
+
+def check_webhook_url(url: str, *, allow_private: bool) -> str | None:
+    """Return why `url` is unacceptable, or None. Refuses loopback/private literal hosts unless allowed."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return "must be an http:// or https:// URL"
+    if not parts.hostname:
+        return "must include a host"
+    if parts.username or parts.password:
+        return "must not embed credentials; authenticate receivers with the signature instead"
+    if allow_private:
+        return None
+    host = parts.hostname
+    if host == "localhost" or host.endswith(".localhost") or host.endswith(".internal"):
+        return f"host {host!r} is internal; webhooks go to publicly reachable endpoints"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if not address.is_global:
+        return f"address {host} is private, loopback or reserved; webhooks go to publicly reachable endpoints"
+    return None
+
+
+def job_summary(session: Session, job: Job) -> dict[str, Any]:
+    labels = {
+        row.key: row.value for row in session.scalars(select(JobLabel).where(JobLabel.job_id == job.id))
+    }
+    error = (
+        {"code": job.error_code, "message": job.error_message, "stage": job.error_stage}
+        if job.error_code
+        else None
+    )
+    return {
+        "id": job.id,
+        "object": "job",
+        "status": job.status,
+        "stage": job.stage,
+        "name": job.name,
+        "labels": labels,
+        "error": error,
+        "created_at": job.created_at.isoformat(),
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+    }
+
+
+def enqueue_job_webhooks(session: Session, job: Job, event_type: str, *, extra: dict[str, Any] | None = None) -> int:
+    """Insert one pending delivery per enabled endpoint of the job's organisation that wants `event_type`."""
+    if event_type not in WEBHOOK_EVENT_TYPES:
+        raise ValueError(f"unknown webhook event {event_type!r}")
+    hooks = [
+        hook
+        for hook in session.scalars(select(Webhook).where(Webhook.org_id == job.org_id, Webhook.enabled.is_(True)))
+        if event_type in hook.event_types
+    ]
+    if not hooks:
+        return 0
+    now = utcnow()
+    data = job_summary(session, job) | (extra or {})
+    payload = json.dumps(
+        {"type": event_type, "timestamp": now.isoformat(), "data": data}, separators=(",", ":"), sort_keys=True
+    )
+    for hook in hooks:
+        session.add(
+            WebhookDelivery(
+                webhook_id=hook.id, job_id=job.id, event_type=event_type, payload=payload,
+                status="pending", attempt_count=0, next_attempt_at=now, created_at=now,
+            )
+        )
+    return len(hooks)
+
+
+def backoff_seconds(attempt: int, settings: Settings) -> float:
+    """Delay before attempt `attempt + 1`, after `attempt` failures."""
+    return min(settings.webhook_backoff_base_seconds * 2 ** (attempt - 1), settings.webhook_backoff_max_seconds)
+
+
+def _claim_due(factory: sessionmaker[Session], now: datetime, limit: int) -> list[str]:
+    claimed: list[str] = []
+    with factory() as session:
+        due = session.scalars(
+            select(WebhookDelivery.id)
+            .where(
+                WebhookDelivery.status == "pending",
+                WebhookDelivery.next_attempt_at <= now,
+                or_(WebhookDelivery.locked_until.is_(None), WebhookDelivery.locked_until < now),
+            )
+            .order_by(WebhookDelivery.next_attempt_at)
+            .limit(limit)
+        ).all()
+        for delivery_id in due:
+            # Conditional UPDATE: only one dispatcher's claim matches, the others see rowcount 0.
+            result = session.execute(
+                update(WebhookDelivery)
+                .where(
+                    WebhookDelivery.id == delivery_id,
+                    WebhookDelivery.status == "pending",
+                    or_(WebhookDelivery.locked_until.is_(None), WebhookDelivery.locked_until < now),
+                )
+                .values(locked_until=now + timedelta(seconds=CLAIM_SECONDS))
+                .execution_options(synchronize_session=False)
+            )
+            if result.rowcount == 1:
+                claimed.append(delivery_id)
+        session.commit()
+    return claimed
+
+
+def _send(client: httpx.Client, url: str, secret: str, delivery: WebhookDelivery) -> tuple[int | None, str | None, int]:
+    timestamp = int(time.time())
+    headers = {
+        "content-type": "application/json",
+        "user-agent": "Draftsmith-Webhooks/1",
+        "webhook-id": delivery.id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": sign_payload(secret, delivery.id, timestamp, delivery.payload),
+    }
+    started = time.perf_counter()
+    try:
+        response = client.post(url, content=delivery.payload.encode(), headers=headers)
+        status, error = response.status_code, None
+    except httpx.HTTPError as exc:
+        status, error = None, f"{type(exc).__name__}: {exc}"[:500]
+    return status, error, int((time.perf_counter() - started) * 1000)
+
+
+def dispatch_due_webhooks(
+    factory: sessionmaker[Session],
+    settings: Settings,
+    *,
+    now: datetime | None = None,
+    client: httpx.Client | None = None,
+    limit: int = 50,
+) -> int:
+    """Send every due delivery once; return how many attempts were made. `now` is injectable for tests."""
+    now = now or utcnow()
+    claimed = _claim_due(factory, now, limit)
+    if not claimed:
+        return 0
+    own_client = client is None
+    http = client or httpx.Client(timeout=settings.webhook_timeout_seconds, follow_redirects=False)
+    try:
+        for delivery_id in claimed:
+            with factory() as session:
+                delivery = session.get(WebhookDelivery, delivery_id)
+                hook = session.get(Webhook, delivery.webhook_id) if delivery else None
+                if delivery is None or hook is None:
+                    continue
+                url, secret = hook.url, hook.secret
+            status, error, duration_ms = _send(http, url, secret, delivery)
+            succeeded = status is not None and 200 <= status < 300
+            with factory() as session:
+                delivery = session.get(WebhookDelivery, delivery_id)
+                if delivery is None:  # endpoint deleted while we were sending
+                    continue
+                delivery.attempt_count += 1
+                session.add(
+                    WebhookAttempt(
+                        delivery_id=delivery.id, attempt=delivery.attempt_count, attempted_at=now,
+                        status_code=status, error=error or (None if succeeded else f"HTTP {status}"),
+                        duration_ms=duration_ms, succeeded=succeeded,
+                    )
+                )
+                delivery.locked_until = None
+                if succeeded:
+                    delivery.status, delivery.next_attempt_at = "succeeded", None
+                elif delivery.attempt_count >= settings.webhook_max_attempts:
+                    delivery.status, delivery.next_attempt_at = "failed", None
+                    log.warning("webhook %s to %s failed after %d attempts", delivery.id, url, delivery.attempt_count)
+                else:
+                    delay = backoff_seconds(delivery.attempt_count, settings)
+                    delivery.next_attempt_at = now + timedelta(seconds=delay)
+                session.commit()
+    finally:
+        if own_client:
+            http.close()
+    return len(claimed)

@@ -1,0 +1,295 @@
+"""The job spec: everything a customer says about one drafter-training job.
+
+Pure pydantic (no torch, FastAPI or SQLAlchemy) so the API validates a spec without the ML stack
+and the worker/trainer parse the very same object. The smallest valid body is
+`{"target": {"uri": "bundled:smollm2-135m"}}`; every other field has a default.
+
+`file://` URIs are only accepted inside roots the deployment allows. Pass them as validation
+context: `JobSpec.model_validate(body, context={"allowed_file_roots": ["/data/models"]})`.
+Without that context every `file://` URI is refused, which is the safe default for a service.
+The check here is lexical (no filesystem access: the API may not see the worker's disks); whoever
+opens the path must re-check it after resolving symlinks, with `path_is_within_roots`.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from typing import Annotated, Literal
+from urllib.parse import unquote
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from schemas.sampling import SamplingParams
+
+BUNDLED_TARGETS: frozenset[str] = frozenset({"smollm2-135m"})
+TARGET_SCHEMES = "hf://org/name@revision, s3://bucket/prefix, file:///absolute/path or bundled:NAME"
+
+# Hugging Face repo ids: optional namespace, then a name; letters, digits, '.', '_', '-'.
+_HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+_HF_REPO_RE = re.compile(rf"^(?:{_HF_PART}/)?{_HF_PART}$")
+_HF_REVISION_RE = re.compile(r"^[A-Za-z0-9._/-]{1,255}$")
+# S3 bucket naming rules (lowercase, 3-63 chars, no leading/trailing dot or hyphen).
+_S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_LABEL_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+_FILE_ID_RE = re.compile(r"^file-[A-Za-z0-9]{8,64}$")
+MAX_LABELS = 16
+MAX_LABEL_VALUE = 256
+
+
+def _has_dot_dot(path: str) -> bool:
+    """True when any segment of the (percent-decoded) path is '..', the classic escape."""
+    decoded = unquote(path)
+    return any(segment == ".." for segment in re.split(r"[/\\]", decoded))
+
+
+def path_is_within_roots(path: str, roots: list[str] | tuple[str, ...]) -> bool:
+    """Lexical containment check: `path` equals or lies below one of `roots` (both absolute)."""
+    normalized = posixpath.normpath(path)
+    for root in roots:
+        root_norm = posixpath.normpath(root)
+        if root_norm == "/" or normalized == root_norm or normalized.startswith(root_norm + "/"):
+            return True
+    return False
+
+
+def check_uri(uri: str, allowed_file_roots: list[str] | None, *, allow_bundled: bool) -> str:
+    """Validate a model/data URI and return it unchanged; raise ValueError naming the fix."""
+    if not uri or uri != uri.strip():
+        raise ValueError("must be a non-empty URI without surrounding whitespace")
+    if any(ord(ch) < 32 for ch in uri):
+        raise ValueError("must not contain control characters")
+    if uri.startswith("bundled:"):
+        if not allow_bundled:
+            raise ValueError("bundled: URIs name built-in targets and cannot be used here")
+        name = uri.removeprefix("bundled:")
+        if name not in BUNDLED_TARGETS:
+            raise ValueError(
+                f"unknown bundled target {name!r}; available: {', '.join(sorted(BUNDLED_TARGETS))}"
+            )
+        return uri
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        raise ValueError(f"{uri!r} is not a URI; use {TARGET_SCHEMES}")
+    if scheme == "hf":
+        repo, _, revision = rest.partition("@")
+        if not _HF_REPO_RE.match(repo) or ".." in repo or "--" in repo:
+            raise ValueError(
+                f"{repo!r} is not a Hugging Face repo id; expected hf://org/name or hf://org/name@revision"
+            )
+        if "@" in rest and (not _HF_REVISION_RE.match(revision) or _has_dot_dot(revision)):
+            raise ValueError(f"revision {revision!r} must be a branch, tag or commit hash")
+        return uri
+    if scheme == "s3":
+        bucket, _, prefix = rest.partition("/")
+        if not _S3_BUCKET_RE.match(bucket) or ".." in bucket:
+            raise ValueError(f"{bucket!r} is not a valid S3 bucket name (lowercase, 3-63 characters)")
+        if _has_dot_dot(prefix):
+            raise ValueError("S3 prefix must not contain '..' segments")
+        return uri
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise ValueError("file URIs must be absolute with an empty host: file:///absolute/path")
+        if _has_dot_dot(rest):
+            raise ValueError("file path must not contain '..' segments; give the resolved path")
+        if not allowed_file_roots:
+            raise ValueError(
+                "file:// URIs are disabled on this deployment (no allowed roots configured); "
+                "upload the data or use hf:// or s3://"
+            )
+        if not path_is_within_roots(unquote(rest), allowed_file_roots):
+            raise ValueError(
+                f"path {unquote(rest)!r} is outside the allowed roots: {', '.join(allowed_file_roots)}"
+            )
+        return uri
+    raise ValueError(f"unsupported URI scheme {scheme!r}; use {TARGET_SCHEMES}")
+
+
+def _file_roots(info: ValidationInfo) -> list[str] | None:
+    context = info.context or {}
+    roots = context.get("allowed_file_roots")
+    return list(roots) if roots else None
+
+
+class StrictModel(BaseModel):
+    """Unknown fields are errors: a typo like `blocksize` must not be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TargetSpec(StrictModel):
+    """The customer's fine-tuned model: the one the drafter learns to predict."""
+
+    uri: str = Field(
+        description=f"Where the target lives: {TARGET_SCHEMES}.",
+        examples=["bundled:smollm2-135m", "hf://acme/support-llama-8b@v3"],
+        max_length=2048,
+    )
+    allow_pickle: bool = Field(
+        default=False,
+        description="Allow loading pickle-based weights (.bin/.pt). Off by default: pickle executes code.",
+    )
+    trust_remote_code: bool = Field(
+        default=False,
+        description="Run Python code shipped with the checkpoint. Off by default; the deployment "
+        "may forbid it entirely.",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _valid_uri(cls, value: str, info: ValidationInfo) -> str:
+        return check_uri(value, _file_roots(info), allow_bundled=True)
+
+
+class DrafterSpec(StrictModel):
+    """Shape of the drafter to train."""
+
+    variant: Literal["dflash2", "dflash"] = Field(
+        default="dflash2", description="dflash2 (with convolution taps and candidate selector) or dflash."
+    )
+    block_size: int = Field(default=8, ge=2, le=32, description="Tokens per draft block (anchor + B-1 drafts).")
+    num_layers: int = Field(default=2, ge=1, le=16, description="Decoder layers in the drafter.")
+    target_layer_ids: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="Target layers whose hidden states condition the drafter; default chosen from the target depth.",
+    )
+    mask_token_id: int | None = Field(
+        default=None, ge=0, description="Token id used for masked block positions; default taken from the tokenizer."
+    )
+
+    @field_validator("target_layer_ids")
+    @classmethod
+    def _increasing_layers(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return value
+        if any(layer < 0 for layer in value):
+            raise ValueError("layer ids must be >= 0")
+        if any(b <= a for a, b in zip(value, value[1:])):
+            raise ValueError("layer ids must be strictly increasing, e.g. [1, 14, 27]")
+        return value
+
+
+class DataSpec(StrictModel):
+    """Prompts the target answers to produce training data."""
+
+    source: str = Field(
+        default="builtin",
+        max_length=2048,
+        description="`builtin` (the bundled prompt set), an uploaded file id `file-...`, "
+        "or a URI (hf://, s3://, file://) of a JSONL prompts file.",
+    )
+    count: int = Field(default=512, ge=1, le=1_000_000, description="How many prompts to use.")
+    holdout_share: float = Field(
+        default=0.1, gt=0.0, le=0.5, description="Share of prompts held out for validation, in (0, 0.5]."
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _valid_source(cls, value: str, info: ValidationInfo) -> str:
+        if value == "builtin" or _FILE_ID_RE.match(value):
+            return value
+        if value.startswith("file-"):
+            raise ValueError(f"{value!r} is not a file id; ids look like file-AbC123xyz, as returned by POST /v1/files")
+        return check_uri(value, _file_roots(info), allow_bundled=False)
+
+    @model_validator(mode="after")
+    def _holdout_not_empty(self) -> DataSpec:
+        if int(self.count * self.holdout_share) < 1:
+            raise ValueError(
+                f"count × holdout_share = {self.count} × {self.holdout_share} holds out no prompt; "
+                "raise count or holdout_share"
+            )
+        return self
+
+
+class TrainingBudget(StrictModel):
+    """How much training the job may spend; training stops at whichever limit comes first."""
+
+    max_steps: int = Field(default=2000, ge=1, le=1_000_000, description="Optimizer steps.")
+    max_minutes: float | None = Field(
+        default=None, gt=0, le=10_080, description="Wall-clock cap on the training stage (at most a week)."
+    )
+    learning_rate: float = Field(default=6e-4, gt=0.0, le=1.0, description="Peak AdamW learning rate.")
+    batch_size: int = Field(default=16, ge=1, le=4096, description="Sequences per optimizer step.")
+    anchors_per_sequence: int = Field(
+        default=16, ge=1, le=512, description="Random block anchors trained per sequence in one forward pass."
+    )
+    zero_stage: Literal[2, 3] = Field(
+        default=2, description="DeepSpeed ZeRO stage: 2 (default) or 3 for drafters too large to replicate."
+    )
+
+
+class S3Destination(StrictModel):
+    kind: Literal["s3"]
+    uri: str = Field(max_length=2048, description="s3://bucket/prefix to copy the artifacts to.")
+    private: bool = Field(default=True, description="Keep objects private (no public-read ACL).")
+
+    @field_validator("uri")
+    @classmethod
+    def _s3_only(cls, value: str) -> str:
+        if not value.startswith("s3://"):
+            raise ValueError("an s3 destination needs an s3://bucket/prefix URI")
+        return check_uri(value, None, allow_bundled=False)
+
+
+class HuggingFaceDestination(StrictModel):
+    kind: Literal["hf"]
+    repo: str = Field(max_length=200, description="Hub repo id `org/name` to push the drafter to.")
+    private: bool = Field(default=True, description="Create the repo as private.")
+
+    @field_validator("repo")
+    @classmethod
+    def _repo_id(cls, value: str) -> str:
+        if "/" not in value or not _HF_REPO_RE.match(value) or ".." in value or "--" in value:
+            raise ValueError(f"{value!r} is not a Hub repo id; expected org/name")
+        return value
+
+
+PublishDestination = Annotated[S3Destination | HuggingFaceDestination, Field(discriminator="kind")]
+
+
+class JobSpec(StrictModel):
+    """A complete, validated description of one drafter-training job."""
+
+    target: TargetSpec
+    name: str | None = Field(default=None, max_length=128, description="Free-form display name.")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    drafter: DrafterSpec = Field(default_factory=DrafterSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    training: TrainingBudget = Field(default_factory=TrainingBudget)
+    publish: list[PublishDestination] = Field(
+        default_factory=list, max_length=8, description="Where to publish artifacts besides Draftsmith storage."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description=f"Up to {MAX_LABELS} labels; keys match [a-z0-9][a-z0-9_.-]{{0,62}}, "
+        f"values are printable text up to {MAX_LABEL_VALUE} characters. Filter jobs with ?label=key:value.",
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _valid_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_LABELS:
+            raise ValueError(f"at most {MAX_LABELS} labels are allowed, got {len(value)}")
+        for key, label in value.items():
+            if not _LABEL_KEY_RE.match(key):
+                raise ValueError(
+                    f"label key {key!r} must be 1-63 characters of a-z, 0-9, '_', '.', '-' starting with a letter or digit"
+                )
+            if len(label) > MAX_LABEL_VALUE or not label.isprintable():
+                raise ValueError(f"label {key!r}: value must be printable text of at most {MAX_LABEL_VALUE} characters")
+        return value
+
+    def canonical_json(self) -> str:
+        """Stable serialisation: two requests mean the same job iff these strings are equal."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))

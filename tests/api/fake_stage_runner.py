@@ -1,0 +1,80 @@
+"""A stand-in for the Celery worker: drives jobs through their stages using only the stage-runner API
+(api/stage_runner.py), exactly the calls the real worker will make, with tiny fake outputs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from api import stage_runner as runner
+from api.states import JobStatus, Stage
+from api.storage import LocalStorage, S3Storage
+
+
+class FakeStageRunner:
+    def __init__(self, session_factory: sessionmaker[Session], storage: LocalStorage | S3Storage) -> None:
+        self.session_factory = session_factory
+        self.storage = storage
+        self.worker_id = f"fake-worker-{os.getpid()}"
+        self.artifact_bytes: dict[str, bytes] = {}
+
+    def run_stage(self, job_id: str, *, train_steps: int = 5, finish: bool = True) -> Stage | None:
+        """Claim the next stage, report progress and outputs, and (by default) finish it."""
+        with self.session_factory() as session:
+            stage = runner.next_stage(session, job_id)
+            if stage is None:
+                return None
+            runner.claim_stage(session, job_id, stage, worker_id=self.worker_id)
+            runner.record_event(session, job_id, f"{stage}: half way", progress=50.0)
+            if stage is Stage.TRAIN:
+                for step in range(train_steps):
+                    runner.record_metrics(session, job_id, step, {"loss": 3.0 / (step + 1), "lr": 6e-4})
+            if stage is Stage.VALIDATE:
+                runner.record_metrics(session, job_id, train_steps, {"tau": 2.5})
+                self._store(session, job_id, "validation_report.json",
+                            json.dumps({"lossless": True, "tau": 2.5}).encode(), kind="report",
+                            content_type="application/json")
+            if stage is Stage.EXPORT:
+                self._store(session, job_id, "drafter/model.safetensors", os.urandom(4096) + job_id.encode(),
+                            kind="safetensors")
+            if finish:
+                runner.finish_stage(session, job_id, stage)
+            return stage
+
+    def _store(self, session: Session, job_id: str, name: str, data: bytes, *, kind: str,
+               content_type: str = "application/octet-stream") -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "artifact"
+            path.write_bytes(data)
+            artifact = runner.store_artifact(session, self.storage, job_id, name, path, kind=kind,
+                                             content_type=content_type)
+        assert artifact.sha256 == hashlib.sha256(data).hexdigest()
+        self.artifact_bytes[f"{job_id}/{name}"] = data
+
+    def run_to_end(self, job_id: str, *, fail_at: Stage | None = None) -> JobStatus:
+        """Run stages until the job finishes, fails at `fail_at`, or a cancellation is observed."""
+        while True:
+            with self.session_factory() as session:
+                if runner.cancellation_requested(session, job_id):
+                    runner.acknowledge_cancellation(session, job_id)
+                    break
+                stage = runner.next_stage(session, job_id)
+                if stage is None:
+                    break
+                if stage == fail_at:
+                    runner.claim_stage(session, job_id, stage, worker_id=self.worker_id)
+                    runner.fail_job(session, job_id, code="fake_failure", message=f"injected failure in {stage}",
+                                    stage=stage)
+                    break
+            self.run_stage(job_id)
+        with self.session_factory() as session:
+            from api.models import Job
+
+            job = session.get(Job, job_id)
+            assert job is not None
+            return JobStatus(job.status)

@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny random targets (milliseconds) and the real SmolLM2-135M (materialised once)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # for `tiny_targets`
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    from trainer.targets.bundled import prepare_bundled
+
+    # The default cache (~/.cache/draftsmith) survives between CI runs on one machine; a fresh machine
+    # materialises it once (~25 s).
+    return prepare_bundled("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_dir):
+    from trainer.targets import load_target
+
+    return load_target(smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory):
+    from tiny_targets import make_tiny_target
+    from trainer.targets import load_target
+
+    return load_target(make_tiny_target(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3"))
+
+
+@pytest.fixture
+def reference_dflash():
+    """The reference package, with its CUDA timer replaced so return_stats works on a CPU."""
+    import dflash.model
+
+    original = dflash.model._cuda_time
+    dflash.model._cuda_time = time.perf_counter
+    yield dflash.model
+    dflash.model._cuda_time = original

