@@ -57,12 +57,14 @@ def celery_broker_options(settings: Settings) -> dict[str, Any]:
     }
     if settings.broker_url.startswith("filesystem://"):
         folder = Path(settings.broker_folder).resolve()
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         options["broker_transport_options"] = {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            # kombu's default control folder is ./control, relative to whatever the cwd is.
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         }
     else:
