@@ -17,6 +17,8 @@ from draftsmith import __version__
 LAZY_COMMANDS: dict[str, str] = {
     "target": "trainer.cli:target",
     "decode": "trainer.cli:decode",
+    "generate": "trainer.cli:generate",
+    "train": "trainer.cli:train",
     "api": "api.cli:api",
     "db": "api.cli:db",
     "keys": "api.cli:keys",
@@ -43,3 +45,7 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="draftsmith")
 def main() -> None:
     """Train DFlash 2 speculative-decoding drafters for your own models."""
+
+
+if __name__ == "__main__":  # `python -m draftsmith.cli`, used when relaunching under torchrun
+    main()

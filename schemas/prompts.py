@@ -35,6 +35,9 @@ class PromptRecord(BaseModel):
 
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     prompt: str | None = Field(default=None, min_length=1)
+    id: str | None = Field(default=None, max_length=200, description="Optional stable name of the prompt.")
+    category: str | None = Field(default=None, max_length=100,
+                                 description="Optional label; validation reports acceptance per category.")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> PromptRecord:

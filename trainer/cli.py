@@ -95,3 +95,166 @@ def decode(target_dir, drafter_dir, prompt, max_new_tokens, temperature, top_p, 
     seconds = result.prefill_seconds + result.decode_seconds
     click.echo(f"[{len(result.tokens)} tokens, tau {result.tau:.2f}, {len(result.tokens) / seconds:.1f} tokens/s]",
                err=True)
+
+
+def sampling_options(command):
+    """The job's sampling parameters, shared by every command that generates."""
+    options = [
+        click.option("--temperature", default=0.0, show_default=True, help="0 is greedy."),
+        click.option("--top-p", default=1.0, show_default=True),
+        click.option("--top-k", default=0, show_default=True, help="0 disables."),
+        click.option("--max-new-tokens", default=128, show_default=True),
+        click.option("--seed", default=0, show_default=True),
+        click.option("--enable-thinking/--disable-thinking", default=None,
+                     help="Chat-template switch for reasoning models; default: the template's own."),
+        click.option("--system-prompt", default=None, help="System message for prompts that have none."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def make_sampling(temperature, top_p, top_k, max_new_tokens, seed, enable_thinking, system_prompt):
+    from pydantic import ValidationError
+
+    from schemas.sampling import ChatTemplateOptions, SamplingParams
+
+    try:
+        return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                              seed=seed, chat_template=ChatTemplateOptions(enable_thinking=enable_thinking,
+                                                                           system_prompt=system_prompt))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise click.BadParameter(f"{error['loc'][-1]}: {error['msg']}") from None
+
+
+def tap_layers(target, num_layers: int, target_layers: str | None) -> list[int]:
+    from trainer.drafter.config import build_target_layer_ids
+
+    if target_layers:
+        return [int(x) for x in target_layers.split(",")]
+    return build_target_layer_ids(target.num_layers, max(num_layers, 3))
+
+
+@click.command()
+@click.option("--target", "target_spec", required=True, help="Target directory or bundled name (smollm2-135m).")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True, help="Data directory.")
+@click.option("--prompts", default="builtin", show_default=True, help="builtin, or a .jsonl/.parquet prompts file.")
+@click.option("--num-prompts", default=None, type=int, help="Use at most this many training prompts.")
+@click.option("--holdout", default=0.1, show_default=True, help="Share of prompts kept for validation.")
+@click.option("--num-layers", default=2, show_default=True, help="Drafter layers (sets how many taps are cached).")
+@click.option("--target-layers", default=None, help="Comma-separated target layer ids to tap (overrides the rule).")
+@click.option("--cache-budget-mb", default=4096, show_default=True,
+              help="Cache hidden states with the data up to this size; above it training recomputes them.")
+@click.option("--batch-size", default=32, show_default=True, help="Prompts generated together.")
+@sampling_options
+@user_errors
+def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, target_layers, cache_budget_mb,
+             batch_size, **sampling) -> None:
+    """Regenerate responses to the training prompts with the target (resumable by shard)."""
+    from tqdm import tqdm
+
+    from trainer.data.prompts import load_prompts, split_prompts
+    from trainer.data.regenerate import describe_plan, regenerate
+    from trainer.targets import load_target
+    from trainer.targets.bundled import resolve_target_path
+
+    params = make_sampling(**sampling)
+    train_prompts, _ = split_prompts(load_prompts(prompts), holdout, params.seed, num_prompts)
+    loaded = load_target(resolve_target_path(target_spec))
+    taps = tap_layers(loaded, num_layers, target_layers)
+    budget = cache_budget_mb << 20
+    click.echo(describe_plan(loaded, train_prompts, params, len(taps), budget))
+    with tqdm(total=len(train_prompts), desc="generate", unit="prompt") as bar:
+        def progress(done, total, tokens):
+            bar.update(done - bar.n)
+            bar.set_postfix(tokens=tokens)
+
+        store = regenerate(loaded, train_prompts, params, out_dir, tap_layer_ids=taps, cache_budget_bytes=budget,
+                           batch_size=batch_size, on_progress=progress)
+    click.echo(json.dumps(store.summary()))
+
+
+@click.command()
+@click.option("--target", "target_spec", required=True, help="Target directory or bundled name (smollm2-135m).")
+@click.option("--data", "data_dir", type=click.Path(path_type=Path), required=True, help="From `draftsmith generate`.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True, help="Run directory.")
+@click.option("--variant", type=click.Choice(["dflash2", "dflash"]), default="dflash2", show_default=True)
+@click.option("--num-layers", default=2, show_default=True)
+@click.option("--block-size", default=8, show_default=True)
+@click.option("--mask-token-id", default=None, type=int, help="Default: chosen by the stated rule.")
+@click.option("--steps", default=600, show_default=True)
+@click.option("--max-minutes", default=None, type=float, help="Stop (with a checkpoint) after this long.")
+@click.option("--batch-size", default=4, show_default=True, help="Sequences per micro-batch per process.")
+@click.option("--grad-accum", default=1, show_default=True)
+@click.option("--anchors", "anchors_per_sequence", default=48, show_default=True, help="Blocks per sequence.")
+@click.option("--lr", default=1e-3, show_default=True)
+@click.option("--warmup-steps", default=30, show_default=True)
+@click.option("--zero-stage", type=click.Choice(["2", "3"]), default="2", show_default=True)
+@click.option("--checkpoint-every", default=200, show_default=True)
+@click.option("--init", type=click.Choice(["target", "random"]), default="target", show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--nproc", default=1, show_default=True, help="Processes (CPU: gloo; GPU: one per device).")
+@click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --out.")
+@user_errors
+def train(target_spec, data_dir, out_dir, variant, num_layers, block_size, mask_token_id, nproc, resume,
+          zero_stage, **settings) -> None:
+    """Distil a drafter from regenerated data under DeepSpeed; writes OUT/drafter (reference format)."""
+    import os
+
+    if nproc > 1 and "RANK" not in os.environ:
+        relaunch_distributed(nproc)
+        return
+    from trainer.data.store import DataStore
+    from trainer.drafter.config import DrafterConfig
+    from trainer.targets import load_target
+    from trainer.targets.bundled import resolve_target_path
+    from trainer.targets.chat import choose_mask_token_id
+    from trainer.training.config import TrainConfig
+    from trainer.training.loop import Trainer
+
+    cfg = TrainConfig(zero_stage=int(zero_stage), **settings)
+    loaded = load_target(resolve_target_path(target_spec))
+    store = DataStore.open(data_dir)
+    if mask_token_id is None:
+        mask_token_id, _ = choose_mask_token_id(loaded.tokenizer, loaded.vocab_size)
+    drafter_config = DrafterConfig.for_target(loaded, variant=variant, num_layers=num_layers, block_size=block_size,
+                                              mask_token_id=mask_token_id, target_layer_ids=store.meta["tap_layer_ids"])
+    drafter_dir = Trainer(loaded, store, out_dir, drafter_config, cfg, [progress_printer(cfg)]).run(resume=resume)
+    if int(os.environ.get("RANK", 0)) == 0:
+        click.echo(f"drafter written to {drafter_dir}")
+
+
+def progress_printer(cfg):
+    """A step callback that drives a tqdm bar and prints a line every cfg.log_every steps."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=cfg.steps, desc="train", unit="step")
+
+    def on_step(record: dict) -> None:
+        bar.update(record["step"] - bar.n)
+        bar.set_postfix(loss=record["loss"], tau=record["train_tau_estimate"], tok_s=record["tokens_per_s"])
+        if record["step"] % cfg.log_every == 0 or record["step"] == cfg.steps:
+            bar.write(json.dumps({k: record[k] for k in ("step", "loss", "train_tau_estimate", "lr", "tokens_per_s")}))
+
+    return on_step
+
+
+def relaunch_distributed(nproc: int) -> None:
+    """Run this same command under torchrun with nproc processes (each sees RANK and runs directly)."""
+    import subprocess
+
+    from trainer.training.distributed import _free_port
+
+    args = sys.argv[1:]
+    # Drop our --nproc: torchrun's parser would take it for an abbreviation of its --nproc-per-node.
+    for index, arg in enumerate(args):
+        if arg == "--nproc":
+            args = args[:index] + args[index + 2:]
+            break
+        if arg.startswith("--nproc="):
+            args = args[:index] + args[index + 1:]
+            break
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+               f"--master-port={_free_port()}", "-m", "draftsmith.cli", *args]
+    sys.exit(subprocess.call(command))

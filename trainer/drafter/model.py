@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from kernels import grouped_dynamic_conv, selector_walk
+from kernels import edge_scores, grouped_dynamic_conv, selector_walk
 from trainer.drafter.config import DrafterConfig
 
 
@@ -114,7 +114,9 @@ class MLP(nn.Module):
 
 class DynamicConv(nn.Module):
     """DFlash 2: the convolution pair around one sublayer. Both corrections come from the sublayer's
-    normed input: `before` filters that input, `after` filters the sublayer's output."""
+    normed input: the first call filters that input and returns the second correction, the second call
+    (given it) filters the sublayer's output. One `forward` for both, so ZeRO-3's per-module parameter
+    gathering sees every use."""
 
     def __init__(self, c: DrafterConfig):
         super().__init__()
@@ -123,12 +125,11 @@ class DynamicConv(nn.Module):
         self.base_kernel = nn.Parameter(torch.empty(2, self.taps, c.hidden_size))
         self.kernel_projection = nn.Linear(c.hidden_size, 2 * self.taps * self.groups, bias=False)
 
-    def before(self, x: torch.Tensor, block_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        delta = self.kernel_projection(x).view(*x.shape[:-1], 2, self.taps, self.groups)
-        return self._conv(x, delta[..., 0, :, :], 0, block_len), delta[..., 1, :, :]
-
-    def after(self, y: torch.Tensor, delta: torch.Tensor, block_len: int) -> torch.Tensor:
-        return self._conv(y, delta, 1, block_len)
+    def forward(self, x: torch.Tensor, block_len: int, delta: torch.Tensor | None = None):
+        if delta is None:
+            both = self.kernel_projection(x).view(*x.shape[:-1], 2, self.taps, self.groups)
+            return self._conv(x, both[..., 0, :, :], 0, block_len), both[..., 1, :, :]
+        return self._conv(x, delta, 1, block_len)
 
     def _conv(self, x, delta, which, block_len):
         # One row per block, so taps never cross a block boundary.
@@ -151,17 +152,17 @@ class DecoderLayer(nn.Module):
     def forward(self, x, context, rope_block, rope_context, mask, cache, layer, block_len):
         h = self.input_layernorm(x)
         if self.attention_conv is not None:
-            h, delta = self.attention_conv.before(h, block_len)
+            h, delta = self.attention_conv(h, block_len)
         h = self.self_attn(h, context, rope_block, rope_context, mask, cache, layer)
         if self.attention_conv is not None:
-            h = self.attention_conv.after(h, delta, block_len)
+            h = self.attention_conv(h, block_len, delta)
         x = x + h
         h = self.post_attention_layernorm(x)
         if self.mlp_conv is not None:
-            h, delta = self.mlp_conv.before(h, block_len)
+            h, delta = self.mlp_conv(h, block_len)
         h = self.mlp(h)
         if self.mlp_conv is not None:
-            h = self.mlp_conv.after(h, delta, block_len)
+            h = self.mlp_conv(h, block_len, delta)
         return x + h
 
 
@@ -172,6 +173,12 @@ class CandidateSelector(nn.Module):
         self.predecessor_codebook = nn.Embedding(c.vocab_size, c.selector_rank)
         self.successor_codebook = nn.Embedding(c.vocab_size, c.selector_rank)
         self.hidden_projection = nn.Linear(c.hidden_size, c.selector_rank, bias=False)
+
+    def forward(self, hidden: torch.Tensor, unary: torch.Tensor, candidates: torch.Tensor,
+                predecessors: torch.Tensor) -> torch.Tensor:
+        """Edge scores (..., K) of the candidates after the given predecessor tokens (training path)."""
+        return edge_scores(unary, candidates, self.hidden_projection(hidden), predecessors,
+                           self.predecessor_codebook.weight, self.successor_codebook.weight)
 
 
 class Drafter(nn.Module):

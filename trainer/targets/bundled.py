@@ -95,3 +95,12 @@ def _materialise(gguf_path: Path, out_dir: Path) -> None:
     tokenizer_config = json.loads(config_file.read_text())
     tokenizer_config["add_prefix_space"] = False
     config_file.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
+
+
+def resolve_target_path(spec: str | Path) -> Path:
+    """A target directory from a CLI argument: a bundled name (`smollm2-135m` or `bundled:smollm2-135m`),
+    materialised in the cache on first use, or a local directory."""
+    name = str(spec).removeprefix("bundled:")
+    if name in BUNDLED:
+        return prepare_bundled(name)
+    return Path(spec)

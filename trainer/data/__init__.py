@@ -1,0 +1,1 @@
+"""Training data: prompt sets, target regeneration and the shard store."""

@@ -1,0 +1,1 @@
+"""Distillation of a drafter from regenerated data: blocks, objective, DeepSpeed loop, checkpoints."""

@@ -1,0 +1,96 @@
+"""Training blocks: many anchors per sequence, drafted side by side in one forward pass.
+
+For an anchor at index a, the block is `[token[a], MASK x (B-1)]` at positions a .. a+B-1; block
+position k >= 1 is trained to predict token[a + k]. Exactly as at inference, the block sees the target's
+features of every position strictly before the anchor (the anchor itself has not been through the
+target yet when it is drafted from) and, bidirectionally, the rest of its own block — never another
+block. Anchors are response tokens whose next token is a response token too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def default_decay_gamma(block_size: int) -> float:
+    """Loss decay exp(-(k-1)/gamma): the DFlash paper's gammas (7 at B=16, 5 at B=10, 4 at B=8),
+    interpolated, so early positions (which gate every later acceptance) weigh the most."""
+    return max(1.0, 4.0 + (block_size - 8) * 3.0 / 8.0)
+
+
+@dataclass
+class BlockBatch:
+    context: torch.Tensor
+    """(b, S, taps*H) target features of every sequence position (padding rows are ignored by the mask)."""
+    block_ids: torch.Tensor
+    """(b, N*B) token ids of the blocks: anchor then mask tokens."""
+    block_positions: torch.Tensor
+    """(b, N*B) absolute positions of the block tokens."""
+    mask: torch.Tensor
+    """(b, 1, N*B, S + N*B) True where a block query may attend."""
+    labels: torch.Tensor
+    """(b, N, B) token[a + k]; undefined where weight is 0."""
+    predecessors: torch.Tensor
+    """(b, N, B) token[a + k - 1], the gold predecessor the selector scores from."""
+    weights: torch.Tensor
+    """(b, N, B) loss weight: decay(k) for valid block positions k >= 1, else 0."""
+
+    @property
+    def block_size(self) -> int:
+        return self.labels.shape[-1]
+
+    @property
+    def supervised_positions(self) -> int:
+        return int((self.weights > 0).sum())
+
+
+def sample_anchors(input_ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: torch.Tensor, num_anchors: int,
+                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to num_anchors distinct anchors per row, sorted: (anchors (b, N), valid (b, N))."""
+    batch, width = input_ids.shape
+    index = torch.arange(width)
+    # Anchor a needs token a and token a+1 in the response.
+    allowed = (index[None] >= prompt_lens[:, None]) & (index[None] <= lengths[:, None] - 2)
+    scores = torch.rand(batch, width, generator=generator).masked_fill(~allowed, 2.0)
+    count = min(num_anchors, int(allowed.sum(1).max()))
+    if count == 0:
+        raise ValueError("no sequence in the batch has two consecutive response tokens")
+    chosen = scores.argsort(dim=1)[:, :count]
+    valid = torch.gather(scores, 1, chosen) < 2.0
+    anchors = torch.where(valid, chosen, width).sort(dim=1).values
+    valid = anchors < width
+    return anchors.masked_fill(~valid, 0), valid
+
+
+def build_blocks(input_ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: torch.Tensor, context: torch.Tensor,
+                 *, block_size: int, num_anchors: int, mask_token_id: int, decay_gamma: float,
+                 generator: torch.Generator) -> BlockBatch:
+    """input_ids: (b, S) right-padded; lengths, prompt_lens: (b,); context: (b, S, taps*H)."""
+    batch, width = input_ids.shape
+    anchors, valid = sample_anchors(input_ids, lengths, prompt_lens, num_anchors, generator)
+    blocks = anchors.shape[1]
+    offsets = torch.arange(block_size)
+    positions = anchors[..., None] + offsets  # (b, N, B)
+    in_sequence = valid[..., None] & (positions < lengths[:, None, None])
+    gather_at = positions.clamp(max=width - 1)
+    labels = torch.gather(input_ids, 1, gather_at.view(batch, -1)).view(batch, blocks, block_size)
+    predecessors = torch.gather(input_ids, 1, (gather_at - 1).clamp_min(0).view(batch, -1)).view_as(labels)
+    decay = torch.tensor([0.0] + [math.exp(-(k - 1) / decay_gamma) for k in range(1, block_size)])
+    weights = decay * in_sequence
+
+    block_ids = torch.full((batch, blocks, block_size), mask_token_id, dtype=input_ids.dtype)
+    block_ids[..., 0] = torch.gather(input_ids, 1, anchors)
+
+    # Attention: context strictly before the block's anchor, plus the block itself.
+    query_block = torch.arange(blocks).repeat_interleave(block_size)  # (N*B,)
+    sees_context = torch.arange(width)[None, None] < anchors[:, query_block, None]  # (b, N*B, S)
+    sees_context &= valid[:, query_block, None]
+    sees_block = (query_block[:, None] == query_block[None, :]).expand(batch, -1, -1)
+    mask = torch.cat([sees_context, sees_block], dim=2)[:, None]
+    return BlockBatch(
+        context=context, block_ids=block_ids.view(batch, -1), block_positions=positions.view(batch, -1),
+        mask=mask, labels=labels, predecessors=predecessors, weights=weights,
+    )

@@ -1,0 +1,57 @@
+"""Feeding the trainer: a deterministic order of examples, micro-batches per process, and the target
+features of each batch (from the cache, or recomputed with the target when they were not cached)."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.data.store import Example
+from trainer.targets.loading import Target
+
+
+class ExampleOrder:
+    """Which examples make up micro-batch `micro` of step `step` on `rank`: a pure function of its
+    arguments (epoch permutations from the seed), so a resumed run sees exactly the same data."""
+
+    def __init__(self, examples: list[Example], seed: int, rank: int, world: int, micro_batch: int, accum: int):
+        if not examples:
+            raise ValueError("no training examples")
+        self.examples, self.seed = examples, seed
+        self.rank, self.world, self.micro_batch, self.accum = rank, world, micro_batch, accum
+        self._permutations: dict[int, list[int]] = {}
+
+    def _at(self, global_index: int) -> Example:
+        epoch, offset = divmod(global_index, len(self.examples))
+        if epoch not in self._permutations:
+            generator = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+            self._permutations[epoch] = torch.randperm(len(self.examples), generator=generator).tolist()
+        return self.examples[self._permutations[epoch][offset]]
+
+    def micro_batch_examples(self, step: int, micro: int) -> list[Example]:
+        per_step = self.world * self.micro_batch * self.accum
+        start = step * per_step + (micro * self.world + self.rank) * self.micro_batch
+        return [self._at(start + i) for i in range(self.micro_batch)]
+
+    def epochs_at(self, step: int) -> float:
+        return step * self.world * self.micro_batch * self.accum / len(self.examples)
+
+
+def collate(examples: list[Example], pad_id: int, target: Target | None, tap_layer_ids: list[int]):
+    """(input_ids (b, S) right-padded, lengths, prompt_lens, context (b, S, taps*H) float32)."""
+    width = max(len(e.input_ids) for e in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    for row, example in enumerate(examples):
+        input_ids[row, :len(example.input_ids)] = torch.tensor(example.input_ids)
+    lengths = torch.tensor([len(e.input_ids) for e in examples])
+    prompt_lens = torch.tensor([e.prompt_len for e in examples])
+    if examples[0].hidden is not None:
+        context = torch.zeros(len(examples), width, examples[0].hidden.shape[-1])
+        for row, example in enumerate(examples):
+            context[row, :example.hidden.shape[0]] = example.hidden.float()
+    else:
+        # Online: one no-grad target pass. Right padding never changes the real positions' features.
+        attention = (torch.arange(width)[None] < lengths[:, None]).long()
+        _, taps = target.forward(input_ids.to(target.device), attention_mask=attention.to(target.device),
+                                 tap_layer_ids=tap_layer_ids)
+        context = taps.float().cpu()
+    return input_ids, lengths, prompt_lens, context
