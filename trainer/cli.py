@@ -97,6 +97,13 @@ def decode(target_dir, drafter_dir, prompt, max_new_tokens, temperature, top_p, 
                err=True)
 
 
+def train_default(name: str):
+    """CLI defaults come from TrainConfig, the one place they are set (no torch import needed)."""
+    from trainer.training.config import TrainConfig
+
+    return TrainConfig.__dataclass_fields__[name].default
+
+
 def sampling_options(command):
     """The job's sampling parameters, shared by every command that generates."""
     options = [
@@ -183,15 +190,17 @@ def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, ta
 @click.option("--num-layers", default=2, show_default=True)
 @click.option("--block-size", default=8, show_default=True)
 @click.option("--mask-token-id", default=None, type=int, help="Default: chosen by the stated rule.")
-@click.option("--steps", default=600, show_default=True)
+@click.option("--steps", default=train_default("steps"), show_default=True)
 @click.option("--max-minutes", default=None, type=float, help="Stop (with a checkpoint) after this long.")
-@click.option("--batch-size", default=4, show_default=True, help="Sequences per micro-batch per process.")
-@click.option("--grad-accum", default=1, show_default=True)
-@click.option("--anchors", "anchors_per_sequence", default=48, show_default=True, help="Blocks per sequence.")
-@click.option("--lr", default=1e-3, show_default=True)
-@click.option("--warmup-steps", default=30, show_default=True)
+@click.option("--batch-size", default=train_default("batch_size"), show_default=True,
+              help="Sequences per micro-batch per process.")
+@click.option("--grad-accum", default=train_default("grad_accum"), show_default=True)
+@click.option("--anchors", "anchors_per_sequence", default=train_default("anchors_per_sequence"), show_default=True,
+              help="Blocks per sequence.")
+@click.option("--lr", default=train_default("lr"), show_default=True)
+@click.option("--warmup-steps", default=train_default("warmup_steps"), show_default=True)
 @click.option("--zero-stage", type=click.Choice(["2", "3"]), default="2", show_default=True)
-@click.option("--checkpoint-every", default=200, show_default=True)
+@click.option("--checkpoint-every", default=train_default("checkpoint_every"), show_default=True)
 @click.option("--init", type=click.Choice(["target", "random"]), default="target", show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--nproc", default=1, show_default=True, help="Processes (CPU: gloo; GPU: one per device).")
@@ -258,3 +267,113 @@ def relaunch_distributed(nproc: int) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
                f"--master-port={_free_port()}", "-m", "draftsmith.cli", *args]
     sys.exit(subprocess.call(command))
+
+
+@click.command()
+@click.option("--target", "target_spec", required=True, help="Target directory or bundled name.")
+@click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), required=True)
+@click.option("--out", "out_file", type=click.Path(path_type=Path), required=True, help="report.json to write.")
+@click.option("--prompts", default="builtin", show_default=True)
+@click.option("--holdout", default=0.1, show_default=True, help="Validation uses the held-out share.")
+@click.option("--num-prompts", default=24, show_default=True, help="Validation prompts.")
+@click.option("--validation-max-new-tokens", default=96, show_default=True)
+@click.option("--sampling-draws", default=300, show_default=True, help="Draws of the sampling test.")
+@sampling_options
+@user_errors
+def validate(target_spec, drafter_dir, out_file, prompts, holdout, num_prompts, validation_max_new_tokens,
+             sampling_draws, **sampling) -> None:
+    """Prove a drafter lossless on held-out prompts and measure tau and speedup; writes report.json."""
+    from tqdm import tqdm
+
+    from trainer.data.prompts import load_prompts, split_prompts
+    from trainer.drafter.checkpoint import atomic_write_bytes, load_drafter
+    from trainer.targets import load_target
+    from trainer.targets.bundled import resolve_target_path
+    from trainer.validation.report import require_passed
+    from trainer.validation.report import validate as run_validation
+
+    params = make_sampling(**sampling)
+    _, holdout_prompts = split_prompts(load_prompts(prompts), holdout, params.seed)
+    loaded = load_target(resolve_target_path(target_spec))
+    drafter = load_drafter(drafter_dir, loaded.device, loaded.dtype)
+    with tqdm(total=min(num_prompts, len(holdout_prompts)), desc="validate", unit="prompt") as bar:
+        report = run_validation(loaded, drafter, holdout_prompts[:num_prompts], params,
+                                max_new_tokens=validation_max_new_tokens, sampling_draws=sampling_draws,
+                                on_progress=lambda done, total: bar.update(done - bar.n))
+    atomic_write_bytes(out_file, (json.dumps(report, indent=2) + "\n").encode())
+    click.echo(json.dumps({k: report[k] for k in ("passed", "tau", "oracle_tau", "recommended_block_size")}
+                          | {"speedup": report["speedup"]["ratio"]}))
+    require_passed(report)
+
+
+@click.command()
+@click.option("--target", "target_spec", required=True, help="Target directory or bundled name.")
+@click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), required=True)
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True, help="Artifact directory.")
+@click.option("--report", "report_file", type=click.Path(path_type=Path), default=None)
+@click.option("--metrics", "metrics_file", type=click.Path(path_type=Path), default=None)
+@user_errors
+def export(target_spec, drafter_dir, out_dir, report_file, metrics_file) -> None:
+    """Package a drafter: reference safetensors, GGUF f16 + q8_0, model card, manifest."""
+    from trainer.errors import DraftsmithError
+    from trainer.export.artifacts import export_artifacts
+    from trainer.targets import load_target
+    from trainer.targets.bundled import resolve_target_path
+
+    target_path = resolve_target_path(target_spec)
+    if not target_path.is_dir():
+        raise DraftsmithError(f"the target directory {target_path} is missing; export needs the drafter's target "
+                              "(its tokenizer goes into the GGUF, and the drafter is checked against it)")
+    report = json.loads(report_file.read_text()) if report_file else None
+    manifest = export_artifacts(drafter_dir, load_target(target_path), out_dir, report=report,
+                                metrics_file=metrics_file, target_name=target_spec)
+    click.echo(f"{len(manifest['files'])} files written to {out_dir}")
+
+
+@click.command()
+@click.option("--target", "target_spec", required=True, help="Target directory or bundled name (smollm2-135m).")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True)
+@click.option("--resume", is_flag=True, help="Continue an interrupted run in --out, skipping finished stages.")
+@click.option("--prompts", default="builtin", show_default=True)
+@click.option("--num-prompts", default=384, show_default=True, help="Training prompts to regenerate.")
+@click.option("--holdout", default=0.1, show_default=True)
+@click.option("--variant", type=click.Choice(["dflash2", "dflash"]), default="dflash2", show_default=True)
+@click.option("--num-layers", default=2, show_default=True)
+@click.option("--block-size", default=8, show_default=True)
+@click.option("--mask-token-id", default=None, type=int)
+@click.option("--steps", default=400, show_default=True)
+@click.option("--train-minutes", default=10.0, show_default=True, help="Training time budget.")
+@click.option("--batch-size", default=train_default("batch_size"), show_default=True)
+@click.option("--anchors", "anchors_per_sequence", default=train_default("anchors_per_sequence"), show_default=True)
+@click.option("--lr", default=train_default("lr"), show_default=True)
+@click.option("--init", type=click.Choice(["target", "random"]), default="target", show_default=True)
+@click.option("--generation-batch-size", default=32, show_default=True)
+@click.option("--validation-prompts", default=24, show_default=True)
+@click.option("--validation-max-new-tokens", default=96, show_default=True)
+@sampling_options
+@user_errors
+def run(target_spec, out_dir, resume, prompts, num_prompts, holdout, variant, num_layers, block_size, mask_token_id,
+        steps, train_minutes, batch_size, anchors_per_sequence, lr, init, generation_batch_size,
+        validation_prompts, validation_max_new_tokens, **sampling) -> None:
+    """Train, prove and package a drafter end to end: prepare, generate, train, validate, export."""
+    from trainer.pipeline import Run, RunConfig
+    from trainer.run_progress import RunProgress
+    from trainer.training.config import TrainConfig
+
+    config = RunConfig(
+        target=target_spec, sampling=make_sampling(**sampling), prompts=prompts, num_prompts=num_prompts,
+        holdout=holdout, variant=variant, num_layers=num_layers, block_size=block_size, mask_token_id=mask_token_id,
+        train=TrainConfig(steps=steps, max_minutes=train_minutes, batch_size=batch_size,
+                          anchors_per_sequence=anchors_per_sequence, lr=lr, init=init, seed=sampling["seed"]),
+        generation_batch_size=generation_batch_size, validation_prompts=validation_prompts,
+        validation_max_new_tokens=validation_max_new_tokens,
+    )
+    with RunProgress() as progress:
+        state = Run(config, out_dir, progress).execute(resume=resume)
+    report = json.loads((Path(out_dir) / "report.json").read_text())
+    click.echo(json.dumps({
+        "out": str(out_dir), "minutes": round(sum(s["seconds"] for s in state["stages"].values()) / 60, 1),
+        "tau": report["tau"], "greedy_mismatches": report["lossless"]["greedy"]["mismatches"],
+        "sampling_p_value": round(report["lossless"]["sampling"]["p_value"], 4),
+        "speedup": report["speedup"]["ratio"], "recommended_block_size": report["recommended_block_size"],
+    }, indent=2))

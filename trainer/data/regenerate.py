@@ -10,7 +10,6 @@ first missing shard.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -164,7 +163,3 @@ def describe_plan(target: Target, prompts: list[Prompt], params: SamplingParams,
                   cache_budget_bytes: int) -> str:
     return plan_regeneration(target, tokenize_prompts(target, prompts, params), params, num_taps,
                              cache_budget_bytes).describe()
-
-
-def read_meta(data_dir: str | Path) -> dict:
-    return json.loads((Path(data_dir) / "meta.json").read_text())

@@ -56,6 +56,9 @@ class DrafterConfig:
     """DFlash 2: rank r of the selector's codebooks."""
     selector_top_k: int = 16
     """DFlash 2: candidates per position the selector chooses from."""
+    input_embedding_scale: float | None = None
+    """Multiplies the target's token embeddings fed to the block (the reference's optional key). Set at
+    target-layer init so the block's residual stream has the scale the copied layers expect."""
     target_fingerprint: str | None = None
     """Hash of the target's tokenizer and embedding; a drafter refuses any other target."""
 
@@ -105,6 +108,8 @@ class DrafterConfig:
             "mask_token_id": self.mask_token_id,
             "target_layer_ids": list(self.target_layer_ids),
         }
+        if self.input_embedding_scale is not None:
+            dflash_config["input_embedding_scale"] = self.input_embedding_scale
         if self.variant == "dflash2":
             dflash_config.update(conv_kernel_size=self.conv_kernel_size, conv_group_size=self.conv_group_size,
                                  selector_rank=self.selector_rank, selector_top_k=self.selector_top_k)
@@ -161,6 +166,7 @@ class DrafterConfig:
                 target_layer_ids=tuple(dflash["target_layer_ids"]),
                 block_size=int(dflash.get("block_size", data.get("block_size", 16))),
                 mask_token_id=int(dflash["mask_token_id"]),
+                input_embedding_scale=dflash.get("input_embedding_scale"),
                 target_fingerprint=(data.get("draftsmith") or {}).get("target_fingerprint"),
                 **extra,
             )

@@ -231,6 +231,12 @@ class Drafter(nn.Module):
             x = layer(x, context, rope_block, rope_context, mask, cache, index, block_len)
         return self.norm(x)
 
+    def embed_block(self, block_ids: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+        """The block's input: the target's (frozen) embeddings of [anchor, MASK...], times the configured scale."""
+        noise = F.embedding(block_ids, embedding)
+        scale = self.config.input_embedding_scale
+        return noise if scale is None else noise * scale
+
     def propose(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor, temperature: float,
                 generator: torch.Generator | None = None):
         """DFlash 2 drafts: (tokens (b, L), candidates (b, L, K), proposal q over candidates or None)."""

@@ -15,13 +15,14 @@ class TrainConfig:
     """Optimizer steps (a time budget, below, may stop earlier)."""
     max_minutes: float | None = None
     """Stop (and checkpoint) once this much wall time has passed; all processes stop together."""
-    batch_size: int = 4
-    """Sequences per micro-batch per process."""
+    batch_size: int = 16
+    """Sequences per micro-batch per process (many sequences, few anchors each, generalises better
+    than few sequences with many anchors at the same cost)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step."""
-    anchors_per_sequence: int = 48
+    anchors_per_sequence: int = 12
     """Blocks drafted per sequence in one forward pass."""
-    lr: float = 1e-3
+    lr: float = 2e-3
     """Peak learning rate of AdamW."""
     warmup_steps: int = 30
     min_lr_ratio: float = 0.1
@@ -32,8 +33,9 @@ class TrainConfig:
     """exp(-(k-1)/gamma) position weights; None picks the DFlash paper's value for the block size."""
     selector_loss_weight: float = 1.0
     init: Literal["target", "random"] = "target"
-    """`target`: drafter layers start as copies of the target's last layers and its final norm;
-    `random`: N(0, 0.02). Convolutions start as the identity and the selector as argmax either way."""
+    """`target`: drafter layers start as copies of the target's last layers (trainer/training/init.py);
+    `random`: N(0, 0.02). The context projection is whitened and convolutions start as the identity
+    either way."""
     zero_stage: Literal[2, 3] = 2
     """DeepSpeed ZeRO stage: 2 shards optimizer state and gradients, 3 also the drafter's weights."""
     checkpoint_every: int = 200

@@ -22,7 +22,7 @@ from trainer.training import distributed
 from trainer.training.blocks import build_blocks, default_decay_gamma
 from trainer.training.config import TrainConfig
 from trainer.training.data import ExampleOrder, collate
-from trainer.training.init import init_from_target
+from trainer.training.init import context_statistics, init_from_target, prepare_config
 from trainer.training.objective import DistillationObjective, FrozenTargetParts, block_metrics
 
 StepCallback = Callable[[dict], None]
@@ -72,9 +72,14 @@ class Trainer:
         cfg, target = self.cfg, self.target
         rank, world, device = distributed.init_distributed()
         self.rank = rank
+        cached = bool(self.store.meta["hidden_cached"])
+        examples = self.store.examples(with_hidden=cached)
+        taps = list(self.drafter_config.target_layer_ids)
+        stats = context_statistics(examples, target, taps)
+        self.drafter_config = prepare_config(self.drafter_config, target, stats, cfg.init)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         drafter = Drafter(self.drafter_config)
-        init_from_target(drafter, target, cfg.init)
+        init_from_target(drafter, target, stats, cfg.init)
         drafter = drafter.to(device=device, dtype=target.dtype)
         frozen = FrozenTargetParts(target.embedding_weight.to(device), target.lm_head.weight.to(device))
         objective = DistillationObjective(drafter, frozen, cfg.selector_loss_weight)
@@ -84,15 +89,12 @@ class Trainer:
             cfg.zero_stage, cfg.batch_size, cfg.grad_accum, cfg.grad_clip, bf16=target.dtype == torch.bfloat16))
 
         start_step = self._resume(engine) if resume else 0
-        cached = bool(self.store.meta["hidden_cached"])
-        order = ExampleOrder(self.store.examples(with_hidden=cached), cfg.seed, rank, world, cfg.batch_size,
-                             cfg.grad_accum)
+        order = ExampleOrder(examples, cfg.seed, rank, world, cfg.batch_size, cfg.grad_accum)
         metrics_file = self.out_dir / "metrics.jsonl"
         if rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             _truncate_metrics(metrics_file, start_step)
         pad_id = target.tokenizer.pad_token_id or 0
-        taps = list(self.drafter_config.target_layer_ids)
         started, step = time.perf_counter(), start_step
         for step in range(start_step, cfg.steps):
             step_started = time.perf_counter()

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from kernels.linear_cross_entropy import linear_cross_entropy
 from trainer.drafter.model import Drafter
 from trainer.training.blocks import BlockBatch
 
@@ -46,36 +47,33 @@ class DistillationObjective(nn.Module):
         width = context.shape[1]
         context_positions = torch.arange(width, device=context.device).expand(context.shape[0], -1)
         hidden = drafter(
-            F.embedding(batch.block_ids, frozen.embedding), batch.block_positions, context, context_positions,
-            mask=batch.mask, block_len=batch.block_size,
+            drafter.embed_block(batch.block_ids, frozen.embedding), batch.block_positions, context,
+            context_positions, mask=batch.mask, block_len=batch.block_size,
         )
         # Only supervised positions go through the (large) LM head.
         supervised = batch.weights.view(-1) > 0
         hidden = hidden.reshape(-1, hidden.shape[-1])[supervised]
         labels = batch.labels.reshape(-1)[supervised]
         weights = batch.weights.reshape(-1)[supervised].float()
-        logits = hidden @ frozen.lm_head.T
-        token_loss = F.cross_entropy(logits.float(), labels, reduction="none")
-        ce = (token_loss * weights).sum() / weights.sum()
-        out = {"ce": ce.detach(), "predicted": logits.argmax(-1).detach()}
-        loss = ce
-        if drafter.candidate_selector is not None:
-            top_k = drafter.config.selector_top_k
-            candidates = logits.detach().topk(top_k, dim=-1).indices
-            unary = logits.gather(-1, candidates)
-            scores = drafter.candidate_selector(hidden, unary, candidates,
-                                                batch.predecessors.reshape(-1)[supervised])
+        selector = drafter.candidate_selector
+        top_k = drafter.config.selector_top_k if selector is not None else 0
+        ce, predicted, candidates = linear_cross_entropy(hidden, frozen.lm_head, labels, weights / weights.sum(),
+                                                         top_k=top_k)
+        out = {"ce": ce.detach(), "loss": ce}
+        if selector is not None:
+            # The candidates' logits again, now with a gradient path (K per position: cheap).
+            unary = torch.einsum("ph,pkh->pk", hidden, frozen.lm_head[candidates])
+            scores = selector(hidden, unary, candidates, batch.predecessors.reshape(-1)[supervised])
             gold = candidates == labels[:, None]
             in_top_k = gold.any(-1)
             selector_loss = F.cross_entropy(scores.float(), gold.float().argmax(-1), reduction="none")
             selector_weights = weights * in_top_k
             selector_ce = (selector_loss * selector_weights).sum() / selector_weights.sum().clamp_min(1e-6)
-            loss = loss + self.selector_loss_weight * selector_ce
+            out["loss"] = ce + self.selector_loss_weight * selector_ce
             # What greedy inference would pick at this position given a correct prefix.
-            out["predicted"] = candidates.gather(-1, scores.argmax(-1, keepdim=True))[:, 0].detach()
+            predicted = candidates.gather(-1, scores.argmax(-1, keepdim=True))[:, 0].detach()
             out.update(selector_ce=selector_ce.detach(), topk_recall=in_top_k.float().mean().detach())
-        out["loss"] = loss
-        out["correct"] = out["predicted"] == labels
+        out["correct"] = predicted == labels
         out["supervised"] = supervised
         return out
 

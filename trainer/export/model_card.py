@@ -1,0 +1,94 @@
+"""The model card (README.md) of an exported drafter: what it is for, how well it does, how to serve it."""
+
+from __future__ import annotations
+
+import json
+
+from trainer.drafter.config import DrafterConfig
+from trainer.targets.loading import Target
+
+
+def _figures(report: dict | None) -> str:
+    if not report:
+        return "No validation report was supplied to this export.\n"
+    greedy, sampling, speed = report["lossless"]["greedy"], report["lossless"]["sampling"], report["speedup"]
+    lines = [
+        "| measure | value |", "|---|---|",
+        f"| mean acceptance length tau (bonus token counted) | {report['tau']} |",
+        f"| oracle tau (gold token anywhere in the top-K) | {report.get('oracle_tau')} |",
+        f"| per-position conditional acceptance | {', '.join(str(a) for a in report['tau_per_position'])} |",
+        f"| lossless, greedy | {greedy['mismatches']} mismatches over {greedy['prompts']} prompts |",
+        f"| lossless, sampling | p = {sampling['p_value']:.3g} ({sampling['draws']} draws; {sampling['test']}) |",
+        f"| decoding speed on the validation machine | {speed['ar_tokens_per_s']} -> {speed['spec_tokens_per_s']} "
+        f"tokens/s ({speed['ratio']}x, {speed['decoding']}) |",
+        f"| recommended block size | {report['recommended_block_size']} |",
+    ]
+    categories = report.get("acceptance_by_category") or {}
+    if categories:
+        lines += ["", "Acceptance by prompt category:", "", "| category | tau | cycles |", "|---|---|---|"]
+        lines += [f"| {name} | {v['tau']} | {v['cycles']} |" for name, v in categories.items()]
+    return "\n".join(lines) + "\n"
+
+
+def model_card(config: DrafterConfig, target: Target, report: dict | None, target_name: str) -> str:
+    block = config.block_size
+    recommended = (report or {}).get("recommended_block_size", block)
+    sampling = json.dumps((report or {}).get("sampling_parameters", {}), indent=2)
+    variant = {"dflash2": "DFlash 2 (dynamic convolutions + candidate selector)", "dflash": "DFlash"}[config.variant]
+    return f"""---
+library_name: transformers
+tags: [speculative-decoding, dflash, draftsmith]
+---
+# {variant} drafter for `{target_name}`
+
+A block-diffusion speculative-decoding drafter trained by Draftsmith for this exact target and these
+sampling parameters. It drafts {block - 1} tokens per cycle from the target's own hidden states (layers
+{list(config.target_layer_ids)}) and borrows the target's embedding and LM head. Verification makes the
+output identical to the target's alone (greedy) and distributed exactly like it (sampling).
+
+- target fingerprint (tokenizer + embedding): `{target.fingerprint}`
+- drafter: {config.num_layers} layers, hidden size {config.hidden_size}, block size {block}, mask token id
+  {config.mask_token_id}
+- files: `drafter/` (reference `dflash` format, safetensors), `gguf/drafter-f16.gguf`, `gguf/drafter-q8_0.gguf`
+
+## Sampling parameters it was trained and validated for
+
+```json
+{sampling}
+```
+
+## Validation
+
+{_figures(report)}
+## Serving
+
+Each engine counts the block differently: SGLang takes the whole block (anchor + drafts), vLLM and
+llama.cpp the number of drafted tokens (block size - 1). Block size {recommended} is recommended from the
+measured acceptance; any size up to {block} works.
+
+SGLang:
+```bash
+python -m sglang.launch_server --model-path {target_name} \\
+    --speculative-algorithm DFLASH --speculative-draft-model-path ./drafter \\
+    --speculative-num-draft-tokens {recommended}
+```
+
+vLLM:
+```bash
+vllm serve {target_name} --speculative-config \\
+    '{{"method": "dflash", "model": "./drafter", "num_speculative_tokens": {recommended - 1}}}'
+```
+
+llama.cpp:
+```bash
+llama-server -m target.gguf -md gguf/drafter-q8_0.gguf \\
+    --spec-type draft-dflash --spec-draft-n-max {recommended - 1}
+```
+
+Transformers, with the reference package (`pip install dflash==0.1.0`):
+```python
+from dflash.model import {'DFlash2DraftModel' if config.variant == 'dflash2' else 'DFlashDraftModel'} as Drafter, dflash_generate
+drafter = Drafter.from_pretrained("./drafter").eval()
+output_ids = dflash_generate(drafter, target_model, input_ids, max_new_tokens=256, stop_token_ids=[...])
+```
+"""

@@ -1,0 +1,30 @@
+"""One progress display for `draftsmith run`: a bar for the whole run and one for the current stage."""
+
+from __future__ import annotations
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from trainer.pipeline import STAGES
+
+
+class RunProgress:
+    def __init__(self):
+        self._progress = Progress(TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                                  TimeElapsedColumn(), TextColumn("{task.fields[detail]}"))
+        self._run = self._progress.add_task("run", total=len(STAGES), detail="")
+        self._stage = None
+        self._stage_name = None
+
+    def __enter__(self) -> RunProgress:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._progress.__exit__(*exc)
+
+    def __call__(self, stage: str, fraction: float, detail: str) -> None:
+        if stage != self._stage_name:
+            self._stage_name = stage
+            self._stage = self._progress.add_task(stage, total=1.0, detail="")
+        self._progress.update(self._stage, completed=fraction, detail=detail)
+        self._progress.update(self._run, completed=STAGES.index(stage) + fraction, detail=stage)
