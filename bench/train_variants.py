@@ -4,7 +4,7 @@ Regenerates (or reuses) one data set, trains both variants with the same recipe 
 held-out tau (greedy, block 8) for each, the DFlash 2 / DFlash ratio, the oracle tau (gold token anywhere in
 the top-K), an untrained drafter's tau, and training throughput. Numbers, not assertions.
 
-    python bench/train_variants.py --work /tmp/bench --steps 300
+    python bench/train_variants.py --work /tmp/bench --steps 300 [--data out/smollm2-135m/.work/data]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from trainer.data.prompts import load_prompts, split_prompts
 from trainer.data.regenerate import regenerate
 from trainer.data.store import DataStore
 from trainer.drafter.checkpoint import load_drafter
-from trainer.drafter.config import DrafterConfig, build_target_layer_ids
+from trainer.drafter.config import DrafterConfig, default_target_layer_ids
 from trainer.drafter.model import Drafter
 from trainer.speculative import SpeculativeDecoder
 from trainer.targets import load_target
@@ -48,7 +48,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--work", type=Path, default=Path("/tmp/draftsmith-bench"))
-    parser.add_argument("--train-prompts", type=int, default=384)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="Reuse a data set from `draftsmith generate` / `draftsmith run` (OUT/.work/data).")
+    parser.add_argument("--train-prompts", type=int, default=None, help="Default: the whole training split.")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--layers", type=int, default=2)
@@ -56,14 +58,14 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=24)
     parser.add_argument("--eval-max-new-tokens", type=int, default=96)
     parser.add_argument("--variants", default="dflash2,dflash")
-    parser.add_argument("--init", default="target", choices=["target", "random"])
+    parser.add_argument("--init", default=TrainConfig.init, choices=["target", "random"])
     args = parser.parse_args()
 
     target = load_target(resolve_target_path(args.target))
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     train_prompts, holdout = split_prompts(load_prompts(), 0.1, limit=args.train_prompts)
-    taps = build_target_layer_ids(target.num_layers, max(args.layers, 3))
-    data_dir = args.work / "data"
+    taps = default_target_layer_ids(target.num_layers, args.layers)
+    data_dir = args.data or args.work / "data"
     started = time.perf_counter()
     store = (DataStore.open(data_dir) if (data_dir / "COMPLETE").is_file()
              else regenerate(target, train_prompts, params, data_dir, tap_layer_ids=taps, batch_size=32))

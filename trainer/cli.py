@@ -104,6 +104,13 @@ def train_default(name: str):
     return TrainConfig.__dataclass_fields__[name].default
 
 
+def main_job_default(name: str):
+    """`draftsmith run`'s training defaults (trainer.training.config.MAIN_JOB_TRAINING)."""
+    from trainer.training.config import MAIN_JOB_TRAINING
+
+    return getattr(MAIN_JOB_TRAINING, name)
+
+
 def sampling_options(command):
     """The job's sampling parameters, shared by every command that generates."""
     options = [
@@ -136,11 +143,11 @@ def make_sampling(temperature, top_p, top_k, max_new_tokens, seed, enable_thinki
 
 
 def tap_layers(target, num_layers: int, target_layers: str | None) -> list[int]:
-    from trainer.drafter.config import build_target_layer_ids
+    from trainer.drafter.config import default_target_layer_ids
 
     if target_layers:
         return [int(x) for x in target_layers.split(",")]
-    return build_target_layer_ids(target.num_layers, max(num_layers, 3))
+    return default_target_layer_ids(target.num_layers, num_layers)
 
 
 @click.command()
@@ -201,7 +208,7 @@ def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, ta
 @click.option("--warmup-steps", default=train_default("warmup_steps"), show_default=True)
 @click.option("--zero-stage", type=click.Choice(["2", "3"]), default="2", show_default=True)
 @click.option("--checkpoint-every", default=train_default("checkpoint_every"), show_default=True)
-@click.option("--init", type=click.Choice(["target", "random"]), default="target", show_default=True)
+@click.option("--init", type=click.Choice(["target", "random"]), default=train_default("init"), show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--nproc", default=1, show_default=True, help="Processes (CPU: gloo; GPU: one per device).")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --out.")
@@ -335,18 +342,19 @@ def export(target_spec, drafter_dir, out_dir, report_file, metrics_file) -> None
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True)
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out, skipping finished stages.")
 @click.option("--prompts", default="builtin", show_default=True)
-@click.option("--num-prompts", default=384, show_default=True, help="Training prompts to regenerate.")
+@click.option("--num-prompts", default=None, type=int, help="Training prompts to regenerate (default: the whole training split).")
 @click.option("--holdout", default=0.1, show_default=True)
 @click.option("--variant", type=click.Choice(["dflash2", "dflash"]), default="dflash2", show_default=True)
 @click.option("--num-layers", default=2, show_default=True)
 @click.option("--block-size", default=8, show_default=True)
 @click.option("--mask-token-id", default=None, type=int)
-@click.option("--steps", default=400, show_default=True)
-@click.option("--train-minutes", default=10.0, show_default=True, help="Training time budget.")
+@click.option("--steps", default=main_job_default("steps"), show_default=True)
+@click.option("--train-minutes", default=main_job_default("max_minutes"), show_default=True,
+              help="Training time limit (stops with a checkpoint).")
 @click.option("--batch-size", default=train_default("batch_size"), show_default=True)
 @click.option("--anchors", "anchors_per_sequence", default=train_default("anchors_per_sequence"), show_default=True)
 @click.option("--lr", default=train_default("lr"), show_default=True)
-@click.option("--init", type=click.Choice(["target", "random"]), default="target", show_default=True)
+@click.option("--init", type=click.Choice(["target", "random"]), default=train_default("init"), show_default=True)
 @click.option("--generation-batch-size", default=32, show_default=True)
 @click.option("--validation-prompts", default=24, show_default=True)
 @click.option("--validation-max-new-tokens", default=96, show_default=True)

@@ -22,13 +22,13 @@ from trainer.data.prompts import load_prompts, split_prompts
 from trainer.data.regenerate import regenerate
 from trainer.data.store import DataStore
 from trainer.drafter.checkpoint import atomic_write_bytes, load_drafter
-from trainer.drafter.config import DrafterConfig, build_target_layer_ids
+from trainer.drafter.config import DrafterConfig, default_target_layer_ids
 from trainer.errors import DraftsmithError
 from trainer.export.artifacts import export_artifacts
 from trainer.targets import load_target
 from trainer.targets.bundled import resolve_target_path
 from trainer.targets.chat import choose_mask_token_id
-from trainer.training.config import TrainConfig
+from trainer.training.config import MAIN_JOB_TRAINING, TrainConfig
 from trainer.training.loop import Trainer
 from trainer.validation.report import require_passed, validate
 
@@ -43,14 +43,14 @@ class RunConfig:
     """Target directory, or a bundled name (smollm2-135m)."""
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=128))
     prompts: str = "builtin"
-    num_prompts: int | None = 384
+    num_prompts: int | None = None
     """Training prompts regenerated (None: all of the set's training split)."""
     holdout: float = 0.1
     variant: str = "dflash2"
     num_layers: int = 2
     block_size: int = 8
     mask_token_id: int | None = None
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=400, max_minutes=10.0))
+    train: TrainConfig = MAIN_JOB_TRAINING
     generation_batch_size: int = 32
     cache_budget_mb: int = 4096
     validation_prompts: int = 24
@@ -131,7 +131,7 @@ class Run:
         train_prompts, holdout = self._prompts()  # validates the prompts file before any compute
         mask_token_id, reason = (self.config.mask_token_id, "given") if self.config.mask_token_id is not None \
             else choose_mask_token_id(target.tokenizer, target.vocab_size)
-        taps = build_target_layer_ids(target.num_layers, max(self.config.num_layers, 3))
+        taps = default_target_layer_ids(target.num_layers, self.config.num_layers)
         DrafterConfig.for_target(target, variant=self.config.variant, num_layers=self.config.num_layers,
                                  block_size=self.config.block_size, mask_token_id=mask_token_id,
                                  target_layer_ids=taps)  # validates the drafter shape now

@@ -34,6 +34,9 @@ def test_builtin_prompt_set_is_varied_and_split_stably():
     # The split depends on ids, not on order or on which other prompts exist.
     _, holdout_again = split_prompts(list(reversed(prompts))[:400], 0.1)
     assert {p.id for p in holdout_again} <= {p.id for p in holdout}
+    # Validation takes the first prompts of the hold-out: they must span the categories.
+    categories = {p.category for p in prompts}
+    assert {p.category for p in holdout[:len(categories)]} == categories
 
 
 @pytest.mark.parametrize(("content", "message"), [

@@ -76,7 +76,9 @@ def is_holdout(prompt_id: str, share: float, seed: int) -> bool:
 
 def split_prompts(prompts: list[Prompt], holdout_share: float, seed: int = 0,
                   limit: int | None = None) -> tuple[list[Prompt], list[Prompt]]:
-    """(train, holdout). `limit` caps the training prompts, keeping the hold-out intact."""
+    """(train, holdout). `limit` caps the training prompts, keeping the hold-out intact. The hold-out comes
+    interleaved by category (one of each in turn), so validating on its first N prompts covers every
+    category instead of whichever the file lists first."""
     if not 0 < holdout_share < 1:
         raise PromptsError(f"holdout share must be in (0, 1), got {holdout_share}")
     train = [p for p in prompts if not is_holdout(p.id, holdout_share, seed)]
@@ -84,4 +86,13 @@ def split_prompts(prompts: list[Prompt], holdout_share: float, seed: int = 0,
     if not train or not holdout:
         raise PromptsError(f"{len(prompts)} prompts are too few to keep a hold-out share of {holdout_share}; "
                            "add prompts or change the share")
-    return train[:limit] if limit else train, holdout
+    return train[:limit] if limit else train, interleave_categories(holdout)
+
+
+def interleave_categories(prompts: list[Prompt]) -> list[Prompt]:
+    """Round robin over the categories in order of first appearance, each keeping its own order."""
+    queues: dict[str, list[Prompt]] = {}
+    for prompt in prompts:
+        queues.setdefault(prompt.category, []).append(prompt)
+    rounds = max((len(q) for q in queues.values()), default=0)
+    return [q[i] for i in range(rounds) for q in queues.values() if i < len(q)]

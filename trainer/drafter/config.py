@@ -20,6 +20,12 @@ def build_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
     return [round(start + i * (end - start) / (num_taps - 1)) for i in range(num_taps)]
 
 
+def default_target_layer_ids(num_target_layers: int, num_drafter_layers: int) -> list[int]:
+    """The taps a drafter gets unless told otherwise: the reference rule with one tap per drafter layer,
+    at least three (what released DFlash drafters use)."""
+    return build_target_layer_ids(num_target_layers, max(num_drafter_layers, 3))
+
+
 @dataclass(frozen=True)
 class DrafterConfig:
     """Everything that defines a drafter's shape. Attention/MLP shapes copy the target's."""
@@ -85,7 +91,8 @@ class DrafterConfig:
         config = target.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         rope = getattr(config, "rope_parameters", None) or {}
-        taps = target_layer_ids or build_target_layer_ids(target.num_layers, num_taps or max(num_layers, 3))
+        taps = target_layer_ids or (build_target_layer_ids(target.num_layers, num_taps) if num_taps
+                                    else default_target_layer_ids(target.num_layers, num_layers))
         return cls(
             variant=variant, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
             num_layers=num_layers, num_attention_heads=config.num_attention_heads,

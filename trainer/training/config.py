@@ -32,7 +32,7 @@ class TrainConfig:
     loss_decay_gamma: float | None = None
     """exp(-(k-1)/gamma) position weights; None picks the DFlash paper's value for the block size."""
     selector_loss_weight: float = 1.0
-    init: Literal["target", "random"] = "target"
+    init: Literal["target", "random"] = "random"
     """`target`: drafter layers start as copies of the target's last layers (trainer/training/init.py);
     `random`: N(0, 0.02). The context projection is whitened and convolutions start as the identity
     either way."""
@@ -59,3 +59,8 @@ class TrainConfig:
 
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+
+MAIN_JOB_TRAINING = TrainConfig(steps=300, max_minutes=12.0)
+"""The training of `draftsmith run`'s defaults: ~10 minutes on 2 CPU cores for SmolLM2-135M, the cosine
+schedule run to its end (the time limit is a safety net, not the plan)."""
