@@ -118,11 +118,10 @@ class Run:
         return split_prompts(load_prompts(self.config.prompts), self.config.holdout, self.config.sampling.seed,
                              self.config.num_prompts)
 
-    def _drafter_config(self, target) -> DrafterConfig:
-        prepared = self.state["stages"]["prepare"]
+    def _drafter_config(self, target, mask_token_id: int, tap_layer_ids: list[int]) -> DrafterConfig:
         return DrafterConfig.for_target(target, variant=self.config.variant, num_layers=self.config.num_layers,
-                                        block_size=self.config.block_size, mask_token_id=prepared["mask_token_id"],
-                                        target_layer_ids=prepared["tap_layer_ids"])
+                                        block_size=self.config.block_size, mask_token_id=mask_token_id,
+                                        target_layer_ids=tap_layer_ids)
 
     # --- stages --------------------------------------------------------------------------------
 
@@ -132,9 +131,7 @@ class Run:
         mask_token_id, reason = (self.config.mask_token_id, "given") if self.config.mask_token_id is not None \
             else choose_mask_token_id(target.tokenizer, target.vocab_size)
         taps = default_target_layer_ids(target.num_layers, self.config.num_layers)
-        DrafterConfig.for_target(target, variant=self.config.variant, num_layers=self.config.num_layers,
-                                 block_size=self.config.block_size, mask_token_id=mask_token_id,
-                                 target_layer_ids=taps)  # validates the drafter shape now
+        self._drafter_config(target, mask_token_id, taps)  # validates the drafter shape now
         return {"target_path": str(target.path), "fingerprint": target.fingerprint, "mask_token_id": mask_token_id,
                 "mask_token_rule": reason, "tap_layer_ids": taps, "train_prompts": len(train_prompts),
                 "holdout_prompts": len(holdout)}
@@ -154,7 +151,7 @@ class Run:
 
     def _train(self) -> dict:
         target = self._load_target()
-        cfg = self.config.train
+        cfg, prepared = self.config.train, self.state["stages"]["prepare"]
 
         def on_step(record: dict) -> None:
             fraction = record["step"] / cfg.steps
@@ -164,7 +161,8 @@ class Run:
                           f"tau~{record['train_tau_estimate']:.2f} {record['tokens_per_s']:.0f} tok/s")
 
         trainer = Trainer(target, DataStore.open(self.work / "data"), self.work / "train",
-                          self._drafter_config(target), cfg, [on_step])
+                          self._drafter_config(target, prepared["mask_token_id"], prepared["tap_layer_ids"]), cfg,
+                          [on_step])
         trainer.run(resume=(self.work / "train" / "checkpoints" / "latest").is_file())
         records = (self.work / "train" / "metrics.jsonl").read_text().splitlines()
         last = json.loads(records[-1])
