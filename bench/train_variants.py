@@ -15,7 +15,6 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
 
 from schemas.sampling import SamplingParams
 from trainer.data.prompts import load_prompts, split_prompts
@@ -23,14 +22,14 @@ from trainer.data.regenerate import regenerate
 from trainer.data.store import DataStore
 from trainer.drafter.checkpoint import load_drafter
 from trainer.drafter.config import DrafterConfig, default_target_layer_ids
-from trainer.drafter.model import Drafter
 from trainer.speculative import SpeculativeDecoder
 from trainer.targets import load_target
 from trainer.targets.bundled import resolve_target_path
 from trainer.targets.chat import choose_mask_token_id, render_prompt
 from trainer.training.config import TrainConfig
-from trainer.training.init import context_statistics, init_from_target, prepare_config
+from trainer.training.init import initial_drafter
 from trainer.training.loop import Trainer
+from trainer.validation import VALIDATION_MAX_NEW_TOKENS, VALIDATION_PROMPTS
 from trainer.validation.acceptance import CategoryStats
 
 
@@ -55,8 +54,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--block-size", type=int, default=8)
-    parser.add_argument("--eval-prompts", type=int, default=24)
-    parser.add_argument("--eval-max-new-tokens", type=int, default=96)
+    parser.add_argument("--eval-prompts", type=int, default=VALIDATION_PROMPTS)
+    parser.add_argument("--eval-max-new-tokens", type=int, default=VALIDATION_MAX_NEW_TOKENS)
     parser.add_argument("--variants", default="dflash2,dflash")
     parser.add_argument("--init", default=TrainConfig.init, choices=["target", "random"])
     args = parser.parse_args()
@@ -79,10 +78,7 @@ def main() -> None:
         config = DrafterConfig.for_target(target, variant=variant, num_layers=args.layers, block_size=args.block_size,
                                           mask_token_id=mask_token_id, target_layer_ids=taps)
         if variant == "dflash2":  # the untrained baseline: same init, no training
-            stats = context_statistics(store.examples(), target, taps)
-            torch.manual_seed(0)
-            untrained = Drafter(prepare_config(config, target, stats, args.init))
-            init_from_target(untrained, target, stats, args.init)
+            untrained = initial_drafter(config, target, store.examples(), args.init, TrainConfig.seed)
             stats = held_out_tau(target, untrained, eval_prompts[:6], eval_params)
             results["untrained"] = {"tau": round(stats.overall.tau, 3)}
             print(f"untrained dflash2: tau {stats.overall.tau:.3f}", flush=True)

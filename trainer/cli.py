@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from trainer.errors import DraftsmithError
+from trainer.validation import SAMPLING_DRAWS, VALIDATION_MAX_NEW_TOKENS, VALIDATION_PROMPTS
 
 
 def user_errors(command):
@@ -97,18 +98,12 @@ def decode(target_dir, drafter_dir, prompt, max_new_tokens, temperature, top_p, 
                err=True)
 
 
-def train_default(name: str):
-    """CLI defaults come from TrainConfig, the one place they are set (no torch import needed)."""
-    from trainer.training.config import TrainConfig
+def train_default(name: str, main_job: bool = False):
+    """CLI defaults come from trainer/training/config.py, the one place they are set (no torch import):
+    TrainConfig's, or MAIN_JOB_TRAINING's for `draftsmith run`."""
+    from trainer.training.config import MAIN_JOB_TRAINING, TrainConfig
 
-    return TrainConfig.__dataclass_fields__[name].default
-
-
-def main_job_default(name: str):
-    """`draftsmith run`'s training defaults (trainer.training.config.MAIN_JOB_TRAINING)."""
-    from trainer.training.config import MAIN_JOB_TRAINING
-
-    return getattr(MAIN_JOB_TRAINING, name)
+    return getattr(MAIN_JOB_TRAINING if main_job else TrainConfig(), name)
 
 
 def sampling_options(command):
@@ -282,9 +277,9 @@ def relaunch_distributed(nproc: int) -> None:
 @click.option("--out", "out_file", type=click.Path(path_type=Path), required=True, help="report.json to write.")
 @click.option("--prompts", default="builtin", show_default=True)
 @click.option("--holdout", default=0.1, show_default=True, help="Validation uses the held-out share.")
-@click.option("--num-prompts", default=24, show_default=True, help="Validation prompts.")
-@click.option("--validation-max-new-tokens", default=96, show_default=True)
-@click.option("--sampling-draws", default=300, show_default=True, help="Draws of the sampling test.")
+@click.option("--num-prompts", default=VALIDATION_PROMPTS, show_default=True, help="Validation prompts.")
+@click.option("--validation-max-new-tokens", default=VALIDATION_MAX_NEW_TOKENS, show_default=True)
+@click.option("--sampling-draws", default=SAMPLING_DRAWS, show_default=True, help="Draws of the sampling test.")
 @sampling_options
 @user_errors
 def validate(target_spec, drafter_dir, out_file, prompts, holdout, num_prompts, validation_max_new_tokens,
@@ -348,16 +343,16 @@ def export(target_spec, drafter_dir, out_dir, report_file, metrics_file) -> None
 @click.option("--num-layers", default=2, show_default=True)
 @click.option("--block-size", default=8, show_default=True)
 @click.option("--mask-token-id", default=None, type=int)
-@click.option("--steps", default=main_job_default("steps"), show_default=True)
-@click.option("--train-minutes", default=main_job_default("max_minutes"), show_default=True,
+@click.option("--steps", default=train_default("steps", main_job=True), show_default=True)
+@click.option("--train-minutes", default=train_default("max_minutes", main_job=True), show_default=True,
               help="Training time limit (stops with a checkpoint).")
 @click.option("--batch-size", default=train_default("batch_size"), show_default=True)
 @click.option("--anchors", "anchors_per_sequence", default=train_default("anchors_per_sequence"), show_default=True)
 @click.option("--lr", default=train_default("lr"), show_default=True)
 @click.option("--init", type=click.Choice(["target", "random"]), default=train_default("init"), show_default=True)
 @click.option("--generation-batch-size", default=32, show_default=True)
-@click.option("--validation-prompts", default=24, show_default=True)
-@click.option("--validation-max-new-tokens", default=96, show_default=True)
+@click.option("--validation-prompts", default=VALIDATION_PROMPTS, show_default=True)
+@click.option("--validation-max-new-tokens", default=VALIDATION_MAX_NEW_TOKENS, show_default=True)
 @sampling_options
 @user_errors
 def run(target_spec, out_dir, resume, prompts, num_prompts, holdout, variant, num_layers, block_size, mask_token_id,

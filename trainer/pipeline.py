@@ -30,6 +30,7 @@ from trainer.targets.bundled import resolve_target_path
 from trainer.targets.chat import choose_mask_token_id
 from trainer.training.config import MAIN_JOB_TRAINING, TrainConfig
 from trainer.training.loop import Trainer
+from trainer.validation import SAMPLING_DRAWS, VALIDATION_MAX_NEW_TOKENS, VALIDATION_PROMPTS
 from trainer.validation.report import require_passed, validate
 
 STAGES = ("prepare", "generate", "train", "validate", "export")
@@ -53,9 +54,9 @@ class RunConfig:
     train: TrainConfig = MAIN_JOB_TRAINING
     generation_batch_size: int = 32
     cache_budget_mb: int = 4096
-    validation_prompts: int = 24
-    validation_max_new_tokens: int = 96
-    sampling_draws: int = 300
+    validation_prompts: int = VALIDATION_PROMPTS
+    validation_max_new_tokens: int = VALIDATION_MAX_NEW_TOKENS
+    sampling_draws: int = SAMPLING_DRAWS
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self), default=lambda o: o.model_dump(mode="json")))

@@ -15,7 +15,6 @@ from collections import Counter
 import pytest
 import torch
 from drafters import random_drafter
-from scipy.stats import chisquare
 from tiny_targets import make_tiny_target
 
 import trainer.sampling
@@ -23,6 +22,7 @@ from schemas.sampling import SamplingParams
 from trainer.sampling import target_probs
 from trainer.speculative import SpeculativeDecoder
 from trainer.targets import load_target
+from trainer.validation.sampling_test import chi_square_p
 
 PROMPT = [6, 7, 8]
 NEW_TOKENS = 4
@@ -51,22 +51,6 @@ def exact_sequence_probs(target, params: SamplingParams) -> dict[tuple[int, ...]
     return probs
 
 
-def chi_square_p(observed: Counter, exact: dict, draws: int) -> float:
-    # Cells with a small expected count are pooled so the chi-square approximation holds.
-    big = [cell for cell, prob in exact.items() if prob * draws >= 5]
-    expected = [exact[cell] * draws for cell in big]
-    counts = [observed[cell] for cell in big]
-    rest = draws - sum(expected)
-    if rest > 1e-3 or sum(counts) < draws:
-        rest = max(rest, 1e-9)
-        expected.append(rest)
-        counts.append(draws - sum(counts))
-    # The exact probabilities are float32 products: renormalise away their last-bit drift, which scipy
-    # would otherwise reject as observed and expected totals that disagree.
-    expected = [value * sum(counts) / sum(expected) for value in expected]
-    return float(chisquare(counts, expected).pvalue)
-
-
 def goodness_of_fit(target, drafter, params: SamplingParams, seed: int = 0) -> float:
     """Smallest Bonferroni-corrected p-value of the observed speculative samples against the exact target
     distribution: the joint law of the whole continuation, and the marginal of every drafted position
@@ -77,12 +61,12 @@ def goodness_of_fit(target, drafter, params: SamplingParams, seed: int = 0) -> f
                for _ in range(DRAWS)]
     exact = exact_sequence_probs(target, params)
     assert set(samples) <= set(exact), "a sequence the target cannot produce was emitted"
-    p_values = [chi_square_p(Counter(samples), exact, DRAWS)]
+    p_values = [chi_square_p(Counter(samples), exact, DRAWS)[0]]
     for position in range(1, NEW_TOKENS):
         marginal: Counter = Counter()
         for seq, prob in exact.items():
             marginal[seq[position]] += prob
-        p_values.append(chi_square_p(Counter(seq[position] for seq in samples), marginal, DRAWS))
+        p_values.append(chi_square_p(Counter(seq[position] for seq in samples), marginal, DRAWS)[0])
     return min(p_values) * len(p_values)
 
 

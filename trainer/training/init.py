@@ -67,6 +67,15 @@ def prepare_config(config: DrafterConfig, target: Target, stats: ContextStatisti
     return config
 
 
+def initial_drafter(config: DrafterConfig, target: Target, examples: list[Example], mode: str, seed: int) -> Drafter:
+    """The drafter training starts from (float32, CPU): statistics of the data, then `init_from_target`."""
+    stats = context_statistics(examples, target, list(config.target_layer_ids))
+    torch.manual_seed(seed)  # identical initial weights on every rank
+    drafter = Drafter(prepare_config(config, target, stats, mode))
+    init_from_target(drafter, target, stats, mode)
+    return drafter
+
+
 @torch.no_grad()
 def init_from_target(drafter: Drafter, target: Target, stats: ContextStatistics, mode: str = "target") -> None:
     inputs = drafter.fc.weight.shape[1]

@@ -22,7 +22,7 @@ from trainer.training import distributed
 from trainer.training.blocks import build_blocks, default_decay_gamma
 from trainer.training.config import TrainConfig
 from trainer.training.data import ExampleOrder, collate
-from trainer.training.init import context_statistics, init_from_target, prepare_config
+from trainer.training.init import initial_drafter
 from trainer.training.objective import DistillationObjective, FrozenTargetParts, block_metrics
 
 StepCallback = Callable[[dict], None]
@@ -75,11 +75,8 @@ class Trainer:
         cached = bool(self.store.meta["hidden_cached"])
         examples = self.store.examples(with_hidden=cached)
         taps = list(self.drafter_config.target_layer_ids)
-        stats = context_statistics(examples, target, taps)
-        self.drafter_config = prepare_config(self.drafter_config, target, stats, cfg.init)
-        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        drafter = Drafter(self.drafter_config)
-        init_from_target(drafter, target, stats, cfg.init)
+        drafter = initial_drafter(self.drafter_config, target, examples, cfg.init, cfg.seed)
+        self.drafter_config = drafter.config
         drafter = drafter.to(device=device, dtype=target.dtype)
         frozen = FrozenTargetParts(target.embedding_weight.to(device), target.lm_head.weight.to(device))
         objective = DistillationObjective(drafter, frozen, cfg.selector_loss_weight)

@@ -22,6 +22,7 @@ from trainer.errors import DraftsmithError
 from trainer.speculative import SpeculativeDecoder
 from trainer.targets.chat import render_prompt
 from trainer.targets.loading import Target
+from trainer.validation import SAMPLING_DRAWS, VALIDATION_MAX_NEW_TOKENS
 from trainer.validation.acceptance import AcceptanceStats, CategoryStats
 from trainer.validation.sampling_test import sampling_lossless_test
 
@@ -51,7 +52,7 @@ def check_compatible(target: Target, drafter: Drafter) -> None:
 
 
 def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: SamplingParams, *,
-             max_new_tokens: int = 128, sampling_draws: int = 300,
+             max_new_tokens: int = VALIDATION_MAX_NEW_TOKENS, sampling_draws: int = SAMPLING_DRAWS,
              on_progress: Callable[[int, int], None] | None = None) -> dict:
     check_compatible(target, drafter)
     block_size = drafter.config.block_size
