@@ -288,7 +288,8 @@ def validate(target_spec, drafter_dir, out_file, prompts, holdout, num_prompts, 
     from tqdm import tqdm
 
     from trainer.data.prompts import load_prompts, split_prompts
-    from trainer.drafter.checkpoint import atomic_write_bytes, load_drafter
+    from trainer.atomic import atomic_write_json
+    from trainer.drafter.checkpoint import load_drafter
     from trainer.targets import load_target
     from trainer.targets.bundled import resolve_target_path
     from trainer.validation.report import require_passed
@@ -302,7 +303,7 @@ def validate(target_spec, drafter_dir, out_file, prompts, holdout, num_prompts, 
         report = run_validation(loaded, drafter, holdout_prompts[:num_prompts], params,
                                 max_new_tokens=validation_max_new_tokens, sampling_draws=sampling_draws,
                                 on_progress=lambda done, total: bar.update(done - bar.n))
-    atomic_write_bytes(out_file, (json.dumps(report, indent=2) + "\n").encode())
+    atomic_write_json(out_file, report)
     click.echo(json.dumps({k: report[k] for k in ("passed", "tau", "oracle_tau", "recommended_block_size")}
                           | {"speedup": report["speedup"]["ratio"]}))
     require_passed(report)

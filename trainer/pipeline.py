@@ -21,7 +21,8 @@ from schemas.sampling import SamplingParams
 from trainer.data.prompts import load_prompts, split_prompts
 from trainer.data.regenerate import regenerate
 from trainer.data.store import DataStore
-from trainer.drafter.checkpoint import atomic_write_bytes, load_drafter
+from trainer.atomic import atomic_write_json
+from trainer.drafter.checkpoint import load_drafter
 from trainer.drafter.config import DrafterConfig, default_target_layer_ids
 from trainer.errors import DraftsmithError
 from trainer.export.artifacts import export_artifacts
@@ -108,7 +109,7 @@ class Run:
             self._save_state()
 
     def _save_state(self) -> None:
-        atomic_write_bytes(self.work / "state.json", (json.dumps(self.state, indent=2) + "\n").encode())
+        atomic_write_json(self.work / "state.json", self.state)
 
     def _load_target(self):
         if self.target is None:
@@ -181,7 +182,7 @@ class Run:
         report = validate(target, drafter, prompts, self.config.sampling,
                           max_new_tokens=self.config.validation_max_new_tokens,
                           sampling_draws=self.config.sampling_draws, on_progress=on_progress)
-        atomic_write_bytes(self.work / "report.json", (json.dumps(report, indent=2) + "\n").encode())
+        atomic_write_json(self.work / "report.json", report)
         require_passed(report)  # a drafter that changes the output is never exported
         return {"tau": report["tau"], "speedup": report["speedup"]["ratio"]}
 

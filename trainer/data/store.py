@@ -12,13 +12,13 @@ A shard's parquet file is renamed into place after its hidden states, so its pre
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from trainer.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from trainer.errors import DraftsmithError
 
 # Fields of meta.json that must agree for a resumed run to continue an existing directory.
@@ -57,7 +57,7 @@ class DataStore:
                 raise DraftsmithError(f"{root} holds data generated with different {', '.join(changed)}; "
                                       "use a new output directory or delete this one")
         else:
-            _atomic_write_text(meta_file, json.dumps(meta, indent=2))
+            atomic_write_json(meta_file, meta)
         return cls(root, meta)
 
     @classmethod
@@ -88,9 +88,8 @@ class DataStore:
         import pyarrow.parquet as pq
 
         if examples and examples[0].hidden is not None:
-            tmp = self._hidden(index).with_suffix(".tmp")
-            save_file({f"row{i}": e.hidden.contiguous() for i, e in enumerate(examples)}, tmp)
-            os.replace(tmp, self._hidden(index))
+            with atomic_path(self._hidden(index)) as tmp:
+                save_file({f"row{i}": e.hidden.contiguous() for i, e in enumerate(examples)}, tmp)
         table = pa.table({
             "id": [e.id for e in examples],
             "category": [e.category for e in examples],
@@ -99,12 +98,11 @@ class DataStore:
             "prompt_len": pa.array([e.prompt_len for e in examples], type=pa.int32()),
             "stop_reason": [e.stop_reason for e in examples],
         })
-        tmp = self._shard(index).with_suffix(".tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, self._shard(index))
+        with atomic_path(self._shard(index)) as tmp:
+            pq.write_table(table, tmp)
 
     def finish(self) -> None:
-        _atomic_write_text(self.root / "COMPLETE", "ok\n")
+        atomic_write_bytes(self.root / "COMPLETE", b"ok\n")
 
     def shard_indices(self) -> list[int]:
         return sorted(int(p.name[6:11]) for p in self.root.glob("shard-*.parquet"))
@@ -127,8 +125,3 @@ class DataStore:
                 "stopped": sum(e.stop_reason == "stop" for e in examples),
                 "hidden_cached": bool(self.meta.get("hidden_cached"))}
 
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)

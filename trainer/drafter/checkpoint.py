@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from trainer.atomic import atomic_path, atomic_write_json
 from trainer.drafter.config import DrafterConfig
 from trainer.drafter.model import Drafter
 from trainer.errors import DrafterError
@@ -20,12 +20,6 @@ RELEASED_NAMES = {
 }
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def save_drafter(drafter: Drafter, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
     """Write config.json and model.safetensors; each file appears whole or not at all."""
     out_dir = Path(out_dir)
@@ -35,10 +29,9 @@ def save_drafter(drafter: Drafter, out_dir: str | Path, dtype: torch.dtype = tor
         for name, tensor in drafter.state_dict().items()
     }
     config = drafter.config.to_hf_dict() | {"dtype": str(dtype).removeprefix("torch.")}
-    tmp = out_dir / f".model.safetensors.tmp-{os.getpid()}"
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.replace(tmp, out_dir / "model.safetensors")
-    atomic_write_bytes(out_dir / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+    with atomic_path(out_dir / "model.safetensors") as tmp:
+        save_file(tensors, tmp, metadata={"format": "pt"})
+    atomic_write_json(out_dir / "config.json", config)
     return out_dir
 
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
-from trainer.drafter.checkpoint import atomic_write_bytes, load_drafter
+from trainer.atomic import atomic_path, atomic_write_bytes, atomic_write_json
+from trainer.drafter.checkpoint import load_drafter
 from trainer.errors import DraftsmithError
 from trainer.export.gguf_writer import write_gguf
 from trainer.export.model_card import model_card
@@ -48,13 +48,13 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     for dtype in GGUF_TYPES:
         write_gguf(staged, target.path, out_dir / "gguf" / f"drafter-{dtype}.gguf", dtype)
     if report is not None:
-        atomic_write_bytes(out_dir / "report.json", (json.dumps(report, indent=2) + "\n").encode())
+        atomic_write_json(out_dir / "report.json", report)
     if metrics_file is not None and Path(metrics_file).is_file():
         _atomic_copy(Path(metrics_file), out_dir / "metrics.jsonl")
     card = model_card(drafter.config, target, report, target_name or str(target.path))
     atomic_write_bytes(out_dir / "README.md", card.encode())
     manifest = build_manifest(out_dir)
-    atomic_write_bytes(out_dir / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
+    atomic_write_json(out_dir / "manifest.json", manifest)
     return manifest
 
 
@@ -93,6 +93,5 @@ def sha256_file(path: Path) -> str:
 def _atomic_copy(source: Path, destination: Path) -> None:
     if not source.is_file():
         raise DraftsmithError(f"{source} is missing")
-    tmp = destination.with_name(f".{destination.name}.tmp-{os.getpid()}")
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, destination)
+    with atomic_path(destination) as tmp:
+        shutil.copyfile(source, tmp)
