@@ -43,15 +43,19 @@ def selector_walk(
     top_k: int,
     temperature: float,
     generator: torch.Generator | None = None,
+    vocab_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Walk the block from the anchor.
 
-    logits: (batch, L, V); projected_hidden: (batch, L, r); anchor_ids: (batch,).
-    Returns the chosen tokens (batch, L), the candidates (batch, L, K) and, when sampling, the
-    proposal distributions over the candidates (batch, L, K).
+    logits: (batch, L, V); projected_hidden: (batch, L, r); anchor_ids: (batch,); vocab_ids: (V,) the
+    token id of every logit column when the logits cover a draft vocabulary only (None: column = token).
+    Returns the chosen tokens (batch, L), the candidates (batch, L, K) as token ids and, when sampling,
+    the proposal distributions over the candidates (batch, L, K).
     """
     # Unsorted top-k: the candidate order only matters for exact ties, and it matches the reference.
     unary, candidates = torch.topk(logits, top_k, dim=-1, sorted=False)
+    if vocab_ids is not None:
+        candidates = vocab_ids[candidates]
     predecessor = anchor_ids
     path, proposals = [], []
     for position in range(logits.shape[1]):

@@ -7,8 +7,9 @@ and the worker/trainer parse the very same object. The smallest valid body is
 `file://` URIs are only accepted inside roots the deployment allows. Pass them as validation
 context: `JobSpec.model_validate(body, context={"allowed_file_roots": ["/data/models"]})`.
 Without that context every `file://` URI is refused, which is the safe default for a service.
-The check here is lexical (no filesystem access: the API may not see the worker's disks); whoever
-opens the path must re-check it after resolving symlinks, with `path_is_within_roots`.
+The check is lexical and then again after resolving symlinks (`schemas.bounds.resolved_path_within_roots`,
+on the validating machine's filesystem); whoever opens the path must re-check it with that function, since
+the API may not see the worker's disks and a link can change between the two.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from pydantic import (
     model_validator,
 )
 
+from schemas import recipe
+from schemas.bounds import INT32_MAX, SingleLineText, check_text, resolved_path_within_roots
 from schemas.sampling import SamplingParams
 
 BUNDLED_TARGETS: frozenset[str] = frozenset({"smollm2-135m"})
@@ -41,6 +44,10 @@ _HF_REVISION_RE = re.compile(r"^[A-Za-z0-9._/-]{1,255}$")
 _S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _LABEL_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _FILE_ID_RE = re.compile(r"^file-[A-Za-z0-9]{8,64}$")
+DRAFTER_ID_RE = re.compile(r"^drf_[0-9A-Z]{26}$")
+"""Published drafters' ids (GET /v1/drafters), as a warm start or an audit names them."""
+SECRET_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+"""Organisation secrets (PUT /v1/secrets/{name}) are referenced by name; their values never travel in a job."""
 MAX_LABELS = 16
 MAX_LABEL_VALUE = 256
 
@@ -65,8 +72,7 @@ def check_uri(uri: str, allowed_file_roots: list[str] | None, *, allow_bundled: 
     """Validate a model/data URI and return it unchanged; raise ValueError naming the fix."""
     if not uri or uri != uri.strip():
         raise ValueError("must be a non-empty URI without surrounding whitespace")
-    if any(ord(ch) < 32 for ch in uri):
-        raise ValueError("must not contain control characters")
+    check_text(uri)
     if uri.startswith("bundled:"):
         if not allow_bundled:
             raise ValueError("bundled: URIs name built-in targets and cannot be used here")
@@ -108,6 +114,11 @@ def check_uri(uri: str, allowed_file_roots: list[str] | None, *, allow_bundled: 
         if not path_is_within_roots(unquote(rest), allowed_file_roots):
             raise ValueError(
                 f"path {unquote(rest)!r} is outside the allowed roots: {', '.join(allowed_file_roots)}"
+            )
+        if not resolved_path_within_roots(unquote(rest), allowed_file_roots):
+            raise ValueError(
+                f"path {unquote(rest)!r} resolves (through a symbolic link) outside the allowed roots: "
+                f"{', '.join(allowed_file_roots)}; give a path whose real location is inside one"
             )
         return uri
     raise ValueError(f"unsupported URI scheme {scheme!r}; use {TARGET_SCHEMES}")
@@ -153,10 +164,10 @@ class DrafterSpec(StrictModel):
     """Shape of the drafter to train."""
 
     variant: Literal["dflash2", "dflash"] = Field(
-        default="dflash2", description="dflash2 (with convolution taps and candidate selector) or dflash."
+        default=recipe.VARIANT, description="dflash2 (with convolution taps and candidate selector) or dflash."
     )
-    block_size: int = Field(default=8, ge=2, le=32, description="Tokens per draft block (anchor + B-1 drafts).")
-    num_layers: int = Field(default=2, ge=1, le=16, description="Decoder layers in the drafter.")
+    block_size: int = Field(default=recipe.BLOCK_SIZE, ge=2, le=32, description="Tokens per draft block (anchor + B-1 drafts).")
+    num_layers: int = Field(default=recipe.NUM_LAYERS, ge=1, le=16, description="Decoder layers in the drafter.")
     target_layer_ids: list[int] | None = Field(
         default=None,
         min_length=1,
@@ -164,7 +175,8 @@ class DrafterSpec(StrictModel):
         description="Target layers whose hidden states condition the drafter; default chosen from the target depth.",
     )
     mask_token_id: int | None = Field(
-        default=None, ge=0, description="Token id used for masked block positions; default taken from the tokenizer."
+        default=None, ge=0, le=INT32_MAX,
+        description="Token id used for masked block positions; default taken from the tokenizer.",
     )
 
     @field_validator("target_layer_ids")
@@ -174,6 +186,8 @@ class DrafterSpec(StrictModel):
             return value
         if any(layer < 0 for layer in value):
             raise ValueError("layer ids must be >= 0")
+        if any(layer > INT32_MAX for layer in value):
+            raise ValueError(f"layer ids must be at most {INT32_MAX}")
         if any(b <= a for a, b in zip(value, value[1:])):
             raise ValueError("layer ids must be strictly increasing, e.g. [1, 14, 27]")
         return value
@@ -188,9 +202,12 @@ class DataSpec(StrictModel):
         description="`builtin` (the bundled prompt set), an uploaded file id `file-...`, "
         "or a URI (hf://, s3://, file://) of a JSONL prompts file.",
     )
-    count: int = Field(default=512, ge=1, le=1_000_000, description="How many prompts to use.")
+    count: int | None = Field(
+        default=None, ge=1, le=1_000_000,
+        description="Prompts drawn from the source, hold-out included (a seeded sample); null: every prompt.",
+    )
     holdout_share: float = Field(
-        default=0.1, gt=0.0, le=0.5, description="Share of prompts held out for validation, in (0, 0.5]."
+        default=recipe.HOLDOUT_SHARE, gt=0.0, le=0.5, description="Share of prompts held out for validation, in (0, 0.5]."
     )
 
     @field_validator("source")
@@ -204,7 +221,7 @@ class DataSpec(StrictModel):
 
     @model_validator(mode="after")
     def _holdout_not_empty(self) -> DataSpec:
-        if int(self.count * self.holdout_share) < 1:
+        if self.count is not None and int(self.count * self.holdout_share) < 1:
             raise ValueError(
                 f"count × holdout_share = {self.count} × {self.holdout_share} holds out no prompt; "
                 "raise count or holdout_share"
@@ -215,24 +232,79 @@ class DataSpec(StrictModel):
 class TrainingBudget(StrictModel):
     """How much training the job may spend; training stops at whichever limit comes first."""
 
-    max_steps: int = Field(default=2000, ge=1, le=1_000_000, description="Optimizer steps.")
+    max_steps: int = Field(default=recipe.TRAIN_STEPS, ge=1, le=1_000_000, description="Optimizer steps.")
     max_minutes: float | None = Field(
-        default=None, gt=0, le=10_080, description="Wall-clock cap on the training stage (at most a week)."
+        default=recipe.TRAIN_MAX_MINUTES, gt=0, le=10_080,
+        description="Wall-clock cap on the training stage (at most a week); training stops there with a "
+        "checkpoint. The default suits the default steps on 2 CPU cores; null removes the cap.",
     )
-    learning_rate: float = Field(default=6e-4, gt=0.0, le=1.0, description="Peak AdamW learning rate.")
-    batch_size: int = Field(default=16, ge=1, le=4096, description="Sequences per optimizer step.")
+    learning_rate: float = Field(default=recipe.LEARNING_RATE, gt=0.0, le=1.0, description="Peak AdamW learning rate.")
+    batch_size: int = Field(default=recipe.BATCH_SIZE, ge=1, le=4096, description="Sequences per optimizer step on each device (N devices see N times as many).")
     anchors_per_sequence: int = Field(
-        default=16, ge=1, le=512, description="Random block anchors trained per sequence in one forward pass."
+        default=recipe.ANCHORS_PER_SEQUENCE, ge=1, le=512, description="Random block anchors trained per sequence in one forward pass."
+    )
+    checkpoint_every: int = Field(
+        default=recipe.CHECKPOINT_EVERY, ge=1, le=1_000_000,
+        description="Steps between resumable checkpoints, copied to object storage: a lost worker costs at most "
+        "this many steps. One is also written at the end and on cancellation.",
     )
     zero_stage: Literal[2, 3] = Field(
-        default=2, description="DeepSpeed ZeRO stage: 2 (default) or 3 for drafters too large to replicate."
+        default=recipe.ZERO_STAGE, description="DeepSpeed ZeRO stage: 2 (default) or 3 for drafters too large to replicate."
     )
+
+
+class ValidationSpec(StrictModel):
+    """How hard the drafter is checked before anything is exported: greedy output must equal the target's on
+    every prompt, and speculative sampling must pass a statistical test against the target's distribution."""
+
+    prompts: int = Field(default=recipe.VALIDATION_PROMPTS, ge=1, le=10_000,
+                         description="Held-out prompts decoded (exact match, acceptance, speed).")
+    max_new_tokens: int = Field(default=recipe.VALIDATION_MAX_NEW_TOKENS, ge=1, le=32_768,
+                                description="Tokens generated per validation prompt.")
+    sampling_draws: int = Field(default=recipe.SAMPLING_DRAWS, ge=10, le=1_000_000,
+                                description="Draws of the speculative-sampling test.")
+
+
+def check_drafter_ref(value: str, allowed_file_roots: list[str] | None) -> str:
+    """A drafter reference: a published drafter's id `drf_...`, or the URI of a drafter directory (or of an exported
+    artifact folder holding drafter/): hf://org/name[@revision], s3://bucket/prefix, file:///path."""
+    if DRAFTER_ID_RE.match(value):
+        return value
+    if value.startswith("drf_"):
+        raise ValueError(f"{value!r} is not a drafter id; ids look like drf_01J..., as GET /v1/drafters lists them")
+    if value.startswith("bundled:"):
+        raise ValueError("bundled: names targets, not drafters; give a drafter id (drf_...) or a drafter URI")
+    return check_uri(value, allowed_file_roots, allow_bundled=False)
+
+
+class InitSpec(StrictModel):
+    """Where training starts: a warm start from an earlier drafter (issue 12). The drafter's shape must match the
+    job's (variant, layers, block size; its taps and mask token are kept unless the job names them) and the new
+    target's (hidden size, vocabulary, depth); the job's data is regenerated by the new target as always."""
+
+    from_drafter: str = Field(
+        max_length=2048,
+        description="A drafter of your organisation (`drf_...`, see GET /v1/drafters) or the URI of a drafter "
+        "directory / exported artifact folder: hf://org/name[@revision], s3://bucket/prefix, file:///path.",
+        examples=["drf_01JQ3ZV8Q7M3W0S9X4T2B6N1C5", "hf://acme/support-llama-drafter"],
+    )
+
+    @field_validator("from_drafter")
+    @classmethod
+    def _valid_ref(cls, value: str, info: ValidationInfo) -> str:
+        return check_drafter_ref(value, _file_roots(info))
 
 
 class S3Destination(StrictModel):
     kind: Literal["s3"]
     uri: str = Field(max_length=2048, description="s3://bucket/prefix to copy the artifacts to.")
     private: bool = Field(default=True, description="Keep objects private (no public-read ACL).")
+    credentials_secret: str | None = Field(
+        default=None, pattern=SECRET_NAME_PATTERN,
+        description="Name of an organisation secret holding this bucket's credentials as JSON "
+        '{"access_key_id", "secret_access_key", "endpoint_url"?, "region"?}; default: the deployment\'s '
+        "publishing credentials. Secret values are never accepted in a job body.",
+    )
 
     @field_validator("uri")
     @classmethod
@@ -246,6 +318,10 @@ class HuggingFaceDestination(StrictModel):
     kind: Literal["hf"]
     repo: str = Field(max_length=200, description="Hub repo id `org/name` to push the drafter to.")
     private: bool = Field(default=True, description="Create the repo as private.")
+    token_secret: str | None = Field(
+        default=None, pattern=SECRET_NAME_PATTERN,
+        description="Name of an organisation secret holding a Hub write token; default: the deployment's token.",
+    )
 
     @field_validator("repo")
     @classmethod
@@ -262,11 +338,15 @@ class JobSpec(StrictModel):
     """A complete, validated description of one drafter-training job."""
 
     target: TargetSpec
-    name: str | None = Field(default=None, max_length=128, description="Free-form display name.")
+    name: SingleLineText | None = Field(default=None, max_length=128, description="Free-form display name.")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     drafter: DrafterSpec = Field(default_factory=DrafterSpec)
     data: DataSpec = Field(default_factory=DataSpec)
     training: TrainingBudget = Field(default_factory=TrainingBudget)
+    validation: ValidationSpec = Field(default_factory=ValidationSpec)
+    init: InitSpec | None = Field(
+        default=None, description="Warm start: begin from an earlier drafter's weights instead of a random start "
+        "(usually with a smaller training.max_steps). Null: train from scratch.")
     publish: list[PublishDestination] = Field(
         default_factory=list, max_length=8, description="Where to publish artifacts besides Draftsmith storage."
     )

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas import recipe
+from schemas.bounds import SEED_MAX, MultilineText
+
 
 class ChatTemplateOptions(BaseModel):
     """How prompts are rendered through the target's own chat template."""
@@ -15,7 +18,7 @@ class ChatTemplateOptions(BaseModel):
         description="Passed to the chat template as `enable_thinking` (Qwen3-style reasoning on/off). "
         "None leaves the template's own default.",
     )
-    system_prompt: str | None = Field(
+    system_prompt: MultilineText | None = Field(
         default=None,
         max_length=8000,
         description="A system message prepended to every conversation that has none.",
@@ -40,10 +43,13 @@ class SamplingParams(BaseModel):
         description="Keep only the k most likely tokens; 0 disables the filter.",
     )
     max_new_tokens: int = Field(
-        default=256, ge=1, le=32_768,
+        default=recipe.MAX_NEW_TOKENS, ge=1, le=32_768,
         description="Most tokens generated per response.",
     )
-    seed: int = Field(default=0, ge=0, description="Seed for every random choice of the job.")
+    seed: int = Field(
+        default=recipe.SEED, ge=0, le=SEED_MAX,
+        description=f"Seed for every random choice of the job, 0 to {SEED_MAX}.",
+    )
     chat_template: ChatTemplateOptions = Field(default_factory=ChatTemplateOptions)
 
     @property

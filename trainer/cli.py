@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from schemas import recipe
 from trainer.errors import DraftsmithError
 from trainer.validation import SAMPLING_DRAWS, VALIDATION_MAX_NEW_TOKENS, VALIDATION_PROMPTS
 
@@ -72,7 +74,8 @@ def target_inspect(path: Path, allow_pickle: bool) -> None:
 @click.option("--temperature", default=0.0, show_default=True)
 @click.option("--top-p", default=1.0, show_default=True)
 @click.option("--top-k", default=0, show_default=True)
-@click.option("--block-size", default=None, type=int, help="Defaults to the drafter's.")
+@click.option("--block-size", default=None, type=int,
+              help="Defaults to the drafter's recommended draft length (from validation), else its block size.")
 @click.option("--seed", default=0, show_default=True)
 @user_errors
 def decode(target_dir, drafter_dir, prompt, max_new_tokens, temperature, top_p, top_k, block_size, seed) -> None:
@@ -89,7 +92,7 @@ def decode(target_dir, drafter_dir, prompt, max_new_tokens, temperature, top_p, 
                             seed=seed)
     loaded = load_target(target_dir)
     drafter = load_drafter(drafter_dir, loaded.device, loaded.dtype) if drafter_dir else None
-    decoder = SpeculativeDecoder(loaded, drafter, block_size)
+    decoder = SpeculativeDecoder(loaded, drafter, block_size or (drafter and drafter.config.recommended_block_size))
     ids = render_prompt(loaded.tokenizer, [{"role": "user", "content": prompt}], params.chat_template)
     result = decoder.generate(ids, params, generator=torch.Generator().manual_seed(seed))
     click.echo(loaded.tokenizer.decode(result.tokens, skip_special_tokens=True))
@@ -98,12 +101,11 @@ def decode(target_dir, drafter_dir, prompt, max_new_tokens, temperature, top_p, 
                err=True)
 
 
-def train_default(name: str, main_job: bool = False):
-    """CLI defaults come from trainer/training/config.py, the one place they are set (no torch import):
-    TrainConfig's, or MAIN_JOB_TRAINING's for `draftsmith run`."""
-    from trainer.training.config import MAIN_JOB_TRAINING, TrainConfig
+def train_default(name: str):
+    """Training defaults come from TrainConfig (itself reading schemas/recipe.py): one source, no torch import."""
+    from trainer.training.config import TrainConfig
 
-    return getattr(MAIN_JOB_TRAINING if main_job else TrainConfig(), name)
+    return getattr(TrainConfig(), name)
 
 
 def sampling_options(command):
@@ -112,8 +114,8 @@ def sampling_options(command):
         click.option("--temperature", default=0.0, show_default=True, help="0 is greedy."),
         click.option("--top-p", default=1.0, show_default=True),
         click.option("--top-k", default=0, show_default=True, help="0 disables."),
-        click.option("--max-new-tokens", default=128, show_default=True),
-        click.option("--seed", default=0, show_default=True),
+        click.option("--max-new-tokens", default=recipe.MAX_NEW_TOKENS, show_default=True),
+        click.option("--seed", default=recipe.SEED, show_default=True),
         click.option("--enable-thinking/--disable-thinking", default=None,
                      help="Chat-template switch for reasoning models; default: the template's own."),
         click.option("--system-prompt", default=None, help="System message for prompts that have none."),
@@ -137,21 +139,38 @@ def make_sampling(temperature, top_p, top_k, max_new_tokens, seed, enable_thinki
         raise click.BadParameter(f"{error['loc'][-1]}: {error['msg']}") from None
 
 
-def tap_layers(target, num_layers: int, target_layers: str | None) -> list[int]:
-    from trainer.drafter.config import default_target_layer_ids
+def stage_hooks(bar_total: int | None = None, unit: str = "prompt", desc: str = ""):
+    """StageHooks whose progress drives one tqdm bar (fractions of the stage, shown as `unit`s)."""
+    from tqdm import tqdm
 
-    if target_layers:
-        return [int(x) for x in target_layers.split(",")]
-    return default_target_layer_ids(target.num_layers, num_layers)
+    from trainer.pipeline import StageHooks
+
+    bar = tqdm(total=bar_total, desc=desc, unit=unit)
+
+    def progress(stage, fraction, detail):
+        bar.update(round(fraction * (bar.total or 1)) - bar.n)
+        bar.set_postfix_str(detail)
+
+    return StageHooks(progress=progress), bar
+
+
+def parse_layers(target_layers: str | None) -> tuple[int, ...] | None:
+    if not target_layers:
+        return None
+    try:
+        return tuple(int(x) for x in target_layers.split(","))
+    except ValueError:
+        raise click.BadParameter(f"--target-layers {target_layers!r}: give comma-separated layer ids, e.g. 1,14,27")
 
 
 @click.command()
 @click.option("--target", "target_spec", required=True, help="Target directory or bundled name (smollm2-135m).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True, help="Data directory.")
 @click.option("--prompts", default="builtin", show_default=True, help="builtin, or a .jsonl/.parquet prompts file.")
-@click.option("--num-prompts", default=None, type=int, help="Use at most this many training prompts.")
-@click.option("--holdout", default=0.1, show_default=True, help="Share of prompts kept for validation.")
-@click.option("--num-layers", default=2, show_default=True, help="Drafter layers (sets how many taps are cached).")
+@click.option("--num-prompts", default=None, type=int, help="Prompts drawn from the source, hold-out included.")
+@click.option("--holdout", default=recipe.HOLDOUT_SHARE, show_default=True, help="Share of prompts kept for validation.")
+@click.option("--num-layers", default=recipe.NUM_LAYERS, show_default=True,
+              help="Drafter layers (sets how many taps are cached).")
 @click.option("--target-layers", default=None, help="Comma-separated target layer ids to tap (overrides the rule).")
 @click.option("--cache-budget-mb", default=4096, show_default=True,
               help="Cache hidden states with the data up to this size; above it training recomputes them.")
@@ -161,39 +180,33 @@ def tap_layers(target, num_layers: int, target_layers: str | None) -> list[int]:
 def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, target_layers, cache_budget_mb,
              batch_size, **sampling) -> None:
     """Regenerate responses to the training prompts with the target (resumable by shard)."""
-    from tqdm import tqdm
+    from schemas.stages import Stage
+    from trainer.pipeline import Layout, RunConfig, open_job, run_stage
 
-    from trainer.data.prompts import load_prompts, split_prompts
-    from trainer.data.regenerate import describe_plan, regenerate
-    from trainer.targets import load_target
-    from trainer.targets.bundled import resolve_target_path
-
-    params = make_sampling(**sampling)
-    train_prompts, _ = split_prompts(load_prompts(prompts), holdout, params.seed, num_prompts)
-    loaded = load_target(resolve_target_path(target_spec))
-    taps = tap_layers(loaded, num_layers, target_layers)
-    budget = cache_budget_mb << 20
-    click.echo(describe_plan(loaded, train_prompts, params, len(taps), budget))
-    with tqdm(total=len(train_prompts), desc="generate", unit="prompt") as bar:
-        def progress(done, total, tokens):
-            bar.update(done - bar.n)
-            bar.set_postfix(tokens=tokens)
-
-        store = regenerate(loaded, train_prompts, params, out_dir, tap_layer_ids=taps, cache_budget_bytes=budget,
-                           batch_size=batch_size, on_progress=progress)
-    click.echo(json.dumps(store.summary()))
+    config = RunConfig(target=target_spec, sampling=make_sampling(**sampling), prompts=prompts,
+                       num_prompts=num_prompts, holdout=holdout, num_layers=num_layers,
+                       target_layer_ids=parse_layers(target_layers), cache_budget_mb=cache_budget_mb,
+                       generation_batch_size=batch_size)
+    layout = dataclasses.replace(Layout.under(out_dir, out_dir), prepared=out_dir / "prepare.json", data=out_dir)
+    hooks, bar = stage_hooks(100, "%", "generate")
+    job = open_job(config, layout, hooks)
+    run_stage(Stage.PREPARE, config, layout, hooks, job=job)
+    with bar:
+        summary = run_stage(Stage.GENERATE, config, layout, hooks, job=job)
+    click.echo(json.dumps(summary))
 
 
 @click.command()
 @click.option("--target", "target_spec", required=True, help="Target directory or bundled name (smollm2-135m).")
 @click.option("--data", "data_dir", type=click.Path(path_type=Path), required=True, help="From `draftsmith generate`.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True, help="Run directory.")
-@click.option("--variant", type=click.Choice(["dflash2", "dflash"]), default="dflash2", show_default=True)
-@click.option("--num-layers", default=2, show_default=True)
-@click.option("--block-size", default=8, show_default=True)
+@click.option("--variant", type=click.Choice(["dflash2", "dflash"]), default=recipe.VARIANT, show_default=True)
+@click.option("--num-layers", default=recipe.NUM_LAYERS, show_default=True)
+@click.option("--block-size", default=recipe.BLOCK_SIZE, show_default=True)
 @click.option("--mask-token-id", default=None, type=int, help="Default: chosen by the stated rule.")
 @click.option("--steps", default=train_default("steps"), show_default=True)
-@click.option("--max-minutes", default=None, type=float, help="Stop (with a checkpoint) after this long.")
+@click.option("--max-minutes", default=train_default("max_minutes"), type=float, show_default=True,
+              help="Stop (with a checkpoint) after this long.")
 @click.option("--batch-size", default=train_default("batch_size"), show_default=True,
               help="Sequences per micro-batch per process.")
 @click.option("--grad-accum", default=train_default("grad_accum"), show_default=True)
@@ -201,74 +214,56 @@ def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, ta
               help="Blocks per sequence.")
 @click.option("--lr", default=train_default("lr"), show_default=True)
 @click.option("--warmup-steps", default=train_default("warmup_steps"), show_default=True)
-@click.option("--zero-stage", type=click.Choice(["2", "3"]), default="2", show_default=True)
+@click.option("--zero-stage", type=click.Choice(["2", "3"]), default=str(recipe.ZERO_STAGE), show_default=True)
 @click.option("--checkpoint-every", default=train_default("checkpoint_every"), show_default=True)
 @click.option("--init", type=click.Choice(["target", "random"]), default=train_default("init"), show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=recipe.SEED, show_default=True)
 @click.option("--nproc", default=1, show_default=True, help="Processes (CPU: gloo; GPU: one per device).")
+@click.option("--hostfile", default=None, help="DeepSpeed hostfile: train across the nodes it lists.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --out.")
 @user_errors
-def train(target_spec, data_dir, out_dir, variant, num_layers, block_size, mask_token_id, nproc, resume,
+def train(target_spec, data_dir, out_dir, variant, num_layers, block_size, mask_token_id, nproc, hostfile, resume,
           zero_stage, **settings) -> None:
     """Distil a drafter from regenerated data under DeepSpeed; writes OUT/drafter (reference format)."""
-    import os
-
-    if nproc > 1 and "RANK" not in os.environ:
-        relaunch_distributed(nproc)
-        return
     from trainer.data.store import DataStore
-    from trainer.drafter.config import DrafterConfig
-    from trainer.targets import load_target
-    from trainer.targets.bundled import resolve_target_path
-    from trainer.targets.chat import choose_mask_token_id
+    from schemas.stages import Stage
+    from trainer.pipeline import Launch, Layout, RunConfig, open_job, run_stage
     from trainer.training.config import TrainConfig
-    from trainer.training.loop import Trainer
 
-    cfg = TrainConfig(zero_stage=int(zero_stage), **settings)
-    loaded = load_target(resolve_target_path(target_spec))
-    store = DataStore.open(data_dir)
-    if mask_token_id is None:
-        mask_token_id, _ = choose_mask_token_id(loaded.tokenizer, loaded.vocab_size)
-    drafter_config = DrafterConfig.for_target(loaded, variant=variant, num_layers=num_layers, block_size=block_size,
-                                              mask_token_id=mask_token_id, target_layer_ids=store.meta["tap_layer_ids"])
-    drafter_dir = Trainer(loaded, store, out_dir, drafter_config, cfg, [progress_printer(cfg)]).run(resume=resume)
-    if int(os.environ.get("RANK", 0)) == 0:
-        click.echo(f"drafter written to {drafter_dir}")
+    taps = tuple(DataStore.open(data_dir).meta["tap_layer_ids"])  # the drafter taps what the data holds
+    config = RunConfig(target=target_spec, variant=variant, num_layers=num_layers, block_size=block_size,
+                       mask_token_id=mask_token_id, target_layer_ids=taps,
+                       train=TrainConfig(zero_stage=int(zero_stage), **settings))
+    layout = Layout(prepared=out_dir / "prepare.json", data=data_dir, train=out_dir, drafter=out_dir / "drafter",
+                    report=out_dir / "report.json", metrics=out_dir / "metrics.jsonl", out=out_dir)
+    if resume != (out_dir / "checkpoints" / "latest").is_file():
+        raise DraftsmithError(f"--resume needs a checkpoint in {out_dir}" if resume else
+                              f"{out_dir} holds a checkpoint: pass --resume to continue it, or choose another --out")
+    hooks = progress_printer(config.train)
+    job = open_job(config, layout, hooks, Launch(nproc=nproc, hostfile=hostfile))
+    run_stage(Stage.PREPARE, config, layout, hooks, job=job)
+    run_stage(Stage.TRAIN, config, layout, hooks, job=job)
+    click.echo(f"drafter written to {layout.drafter}")
 
 
 def progress_printer(cfg):
-    """A step callback that drives a tqdm bar and prints a line every cfg.log_every steps."""
+    """StageHooks driving a tqdm bar over steps, with a JSON line every cfg.log_every steps."""
     from tqdm import tqdm
 
+    from trainer.pipeline import StageHooks
+
     bar = tqdm(total=cfg.steps, desc="train", unit="step")
+    hooks = StageHooks()
 
-    def on_step(record: dict) -> None:
-        bar.update(record["step"] - bar.n)
-        bar.set_postfix(loss=record["loss"], tau=record["train_tau_estimate"], tok_s=record["tokens_per_s"])
-        if record["step"] % cfg.log_every == 0 or record["step"] == cfg.steps:
-            bar.write(json.dumps({k: record[k] for k in ("step", "loss", "train_tau_estimate", "lr", "tokens_per_s")}))
+    def on_metrics(step: int, values: dict[str, float]) -> None:
+        bar.update(step - bar.n)
+        bar.set_postfix(loss=values["loss"], tau=values["train_tau_estimate"], tok_s=values["tokens_per_s"])
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            bar.write(json.dumps({"step": step} | {k: values[k] for k in ("loss", "train_tau_estimate", "lr",
+                                                                             "tokens_per_s")}))
 
-    return on_step
-
-
-def relaunch_distributed(nproc: int) -> None:
-    """Run this same command under torchrun with nproc processes (each sees RANK and runs directly)."""
-    import subprocess
-
-    from trainer.training.distributed import _free_port
-
-    args = sys.argv[1:]
-    # Drop our --nproc: torchrun's parser would take it for an abbreviation of its --nproc-per-node.
-    for index, arg in enumerate(args):
-        if arg == "--nproc":
-            args = args[:index] + args[index + 2:]
-            break
-        if arg.startswith("--nproc="):
-            args = args[:index] + args[index + 1:]
-            break
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-               f"--master-port={_free_port()}", "-m", "draftsmith.cli", *args]
-    sys.exit(subprocess.call(command))
+    hooks.on_metrics = on_metrics
+    return hooks
 
 
 @click.command()
@@ -276,7 +271,7 @@ def relaunch_distributed(nproc: int) -> None:
 @click.option("--drafter", "drafter_dir", type=click.Path(path_type=Path), required=True)
 @click.option("--out", "out_file", type=click.Path(path_type=Path), required=True, help="report.json to write.")
 @click.option("--prompts", default="builtin", show_default=True)
-@click.option("--holdout", default=0.1, show_default=True, help="Validation uses the held-out share.")
+@click.option("--holdout", default=recipe.HOLDOUT_SHARE, show_default=True, help="Validation uses the held-out share.")
 @click.option("--num-prompts", default=VALIDATION_PROMPTS, show_default=True, help="Validation prompts.")
 @click.option("--validation-max-new-tokens", default=VALIDATION_MAX_NEW_TOKENS, show_default=True)
 @click.option("--sampling-draws", default=SAMPLING_DRAWS, show_default=True, help="Draws of the sampling test.")
@@ -285,28 +280,21 @@ def relaunch_distributed(nproc: int) -> None:
 def validate(target_spec, drafter_dir, out_file, prompts, holdout, num_prompts, validation_max_new_tokens,
              sampling_draws, **sampling) -> None:
     """Prove a drafter lossless on held-out prompts and measure tau and speedup; writes report.json."""
-    from tqdm import tqdm
+    from schemas.stages import Stage
+    from trainer.pipeline import Layout, RunConfig, run_stage
 
-    from trainer.data.prompts import load_prompts, split_prompts
-    from trainer.atomic import atomic_write_json
-    from trainer.drafter.checkpoint import load_drafter
-    from trainer.targets import load_target
-    from trainer.targets.bundled import resolve_target_path
-    from trainer.validation.report import require_passed
-    from trainer.validation.report import validate as run_validation
-
-    params = make_sampling(**sampling)
-    _, holdout_prompts = split_prompts(load_prompts(prompts), holdout, params.seed)
-    loaded = load_target(resolve_target_path(target_spec))
-    drafter = load_drafter(drafter_dir, loaded.device, loaded.dtype)
-    with tqdm(total=min(num_prompts, len(holdout_prompts)), desc="validate", unit="prompt") as bar:
-        report = run_validation(loaded, drafter, holdout_prompts[:num_prompts], params,
-                                max_new_tokens=validation_max_new_tokens, sampling_draws=sampling_draws,
-                                on_progress=lambda done, total: bar.update(done - bar.n))
-    atomic_write_json(out_file, report)
+    config = RunConfig(target=target_spec, sampling=make_sampling(**sampling), prompts=prompts, holdout=holdout,
+                       validation_prompts=num_prompts, validation_max_new_tokens=validation_max_new_tokens,
+                       sampling_draws=sampling_draws)
+    layout = Layout(prepared=out_file.parent / "prepare.json", data=out_file.parent, train=drafter_dir.parent,
+                    drafter=drafter_dir, report=out_file, metrics=drafter_dir.parent / "metrics.jsonl",
+                    out=out_file.parent)
+    hooks, bar = stage_hooks(num_prompts, "prompt", "validate")
+    with bar:
+        summary = run_stage(Stage.VALIDATE, config, layout, hooks)
+    report = json.loads(out_file.read_text())
     click.echo(json.dumps({k: report[k] for k in ("passed", "tau", "oracle_tau", "recommended_block_size")}
-                          | {"speedup": report["speedup"]["ratio"]}))
-    require_passed(report)
+                          | {"speedup": summary["speedup"]}))
 
 
 @click.command()
@@ -318,66 +306,17 @@ def validate(target_spec, drafter_dir, out_file, prompts, holdout, num_prompts, 
 @user_errors
 def export(target_spec, drafter_dir, out_dir, report_file, metrics_file) -> None:
     """Package a drafter: reference safetensors, GGUF f16 + q8_0, model card, manifest."""
-    from trainer.errors import DraftsmithError
-    from trainer.export.artifacts import export_artifacts
-    from trainer.targets import load_target
+    from schemas.stages import Stage
+    from trainer.pipeline import Layout, RunConfig, run_stage
     from trainer.targets.bundled import resolve_target_path
 
     target_path = resolve_target_path(target_spec)
     if not target_path.is_dir():
         raise DraftsmithError(f"the target directory {target_path} is missing; export needs the drafter's target "
                               "(its tokenizer goes into the GGUF, and the drafter is checked against it)")
-    report = json.loads(report_file.read_text()) if report_file else None
-    manifest = export_artifacts(drafter_dir, load_target(target_path), out_dir, report=report,
-                                metrics_file=metrics_file, target_name=target_spec)
-    click.echo(f"{len(manifest['files'])} files written to {out_dir}")
-
-
-@click.command()
-@click.option("--target", "target_spec", required=True, help="Target directory or bundled name (smollm2-135m).")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True)
-@click.option("--resume", is_flag=True, help="Continue an interrupted run in --out, skipping finished stages.")
-@click.option("--prompts", default="builtin", show_default=True)
-@click.option("--num-prompts", default=None, type=int, help="Training prompts to regenerate (default: the whole training split).")
-@click.option("--holdout", default=0.1, show_default=True)
-@click.option("--variant", type=click.Choice(["dflash2", "dflash"]), default="dflash2", show_default=True)
-@click.option("--num-layers", default=2, show_default=True)
-@click.option("--block-size", default=8, show_default=True)
-@click.option("--mask-token-id", default=None, type=int)
-@click.option("--steps", default=train_default("steps", main_job=True), show_default=True)
-@click.option("--train-minutes", default=train_default("max_minutes", main_job=True), show_default=True,
-              help="Training time limit (stops with a checkpoint).")
-@click.option("--batch-size", default=train_default("batch_size"), show_default=True)
-@click.option("--anchors", "anchors_per_sequence", default=train_default("anchors_per_sequence"), show_default=True)
-@click.option("--lr", default=train_default("lr"), show_default=True)
-@click.option("--init", type=click.Choice(["target", "random"]), default=train_default("init"), show_default=True)
-@click.option("--generation-batch-size", default=32, show_default=True)
-@click.option("--validation-prompts", default=VALIDATION_PROMPTS, show_default=True)
-@click.option("--validation-max-new-tokens", default=VALIDATION_MAX_NEW_TOKENS, show_default=True)
-@sampling_options
-@user_errors
-def run(target_spec, out_dir, resume, prompts, num_prompts, holdout, variant, num_layers, block_size, mask_token_id,
-        steps, train_minutes, batch_size, anchors_per_sequence, lr, init, generation_batch_size,
-        validation_prompts, validation_max_new_tokens, **sampling) -> None:
-    """Train, prove and package a drafter end to end: prepare, generate, train, validate, export."""
-    from trainer.pipeline import Run, RunConfig
-    from trainer.run_progress import RunProgress
-    from trainer.training.config import TrainConfig
-
-    config = RunConfig(
-        target=target_spec, sampling=make_sampling(**sampling), prompts=prompts, num_prompts=num_prompts,
-        holdout=holdout, variant=variant, num_layers=num_layers, block_size=block_size, mask_token_id=mask_token_id,
-        train=TrainConfig(steps=steps, max_minutes=train_minutes, batch_size=batch_size,
-                          anchors_per_sequence=anchors_per_sequence, lr=lr, init=init, seed=sampling["seed"]),
-        generation_batch_size=generation_batch_size, validation_prompts=validation_prompts,
-        validation_max_new_tokens=validation_max_new_tokens,
-    )
-    with RunProgress() as progress:
-        state = Run(config, out_dir, progress).execute(resume=resume)
-    report = json.loads((Path(out_dir) / "report.json").read_text())
-    click.echo(json.dumps({
-        "out": str(out_dir), "minutes": round(sum(s["seconds"] for s in state["stages"].values()) / 60, 1),
-        "tau": report["tau"], "greedy_mismatches": report["lossless"]["greedy"]["mismatches"],
-        "sampling_p_value": round(report["lossless"]["sampling"]["p_value"], 4),
-        "speedup": report["speedup"]["ratio"], "recommended_block_size": report["recommended_block_size"],
-    }, indent=2))
+    missing = out_dir / ".no-such-file"
+    layout = Layout(prepared=missing, data=missing, train=drafter_dir.parent, drafter=drafter_dir,
+                    report=report_file or missing, metrics=metrics_file or missing, out=out_dir)
+    summary = run_stage(Stage.EXPORT, RunConfig(target=target_spec), layout)
+    click.echo(f"{summary['files']} files written to {out_dir}")
+    click.echo(f"report: {out_dir / 'report.html'}")  # charts of report.json + metrics; opens from disk

@@ -1,58 +1,65 @@
-"""`draftsmith run`: prepare -> generate -> train -> validate -> export, in one process, resumable.
+"""The stages of one job, and the one place they are wired: `run_stage(stage, config, layout, hooks)`.
 
-    OUT/                the artifacts (trainer/export/artifacts.py), written last
-    OUT/.work/          state.json (finished stages and the run's settings), data/, train/, report.json
+`draftsmith run` (`Run`, at the end), the per-stage CLI commands, the bench and the Celery worker all call
+these functions; none of them re-wires prompts, taps, drafter shapes or data paths on its own.
 
-Each stage records itself in state.json when done; `--resume` skips finished stages, and the two long
-ones resume inside (generation by shard, training from its last checkpoint). A failed validation keeps
-its report in .work/ and never produces artifacts.
+    work/prepare.json   what `prepare` decided (target fingerprint, mask token, taps, prompt counts)
+    work/data/          regenerated training set (resumable by shard)
+    work/train/         checkpoints/, metrics.jsonl, drafter/ (reference format)
+    work/report.json    validation report
+    out/                the artifacts (trainer/export/artifacts.py), manifest.json written last
+
+Stages read their inputs from the layout and write their outputs there; a stage run again resumes
+(generation by shard, training from its last checkpoint). `StageHooks` is how a caller watches and steers
+a stage: progress as a fraction of the stage, a `should_stop` poll (cancellation), `on_saved(path)` after
+every durable write (the worker copies those to object storage), and numeric training metrics.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from schemas import recipe
 from schemas.sampling import SamplingParams
-from trainer.data.prompts import load_prompts, split_prompts
-from trainer.data.regenerate import regenerate
-from trainer.data.store import DataStore
+from schemas.stages import LOCAL_STAGES, Stage
 from trainer.atomic import atomic_write_json
-from trainer.drafter.checkpoint import load_drafter
-from trainer.drafter.config import DrafterConfig, default_target_layer_ids
-from trainer.errors import DraftsmithError
-from trainer.export.artifacts import export_artifacts
-from trainer.targets import load_target
-from trainer.targets.bundled import resolve_target_path
-from trainer.targets.chat import choose_mask_token_id
-from trainer.training.config import MAIN_JOB_TRAINING, TrainConfig
-from trainer.training.loop import Trainer
+from trainer.errors import DraftsmithError, StageInterrupted
+from trainer.training.config import TrainConfig
 from trainer.validation import SAMPLING_DRAWS, VALIDATION_MAX_NEW_TOKENS, VALIDATION_PROMPTS
-from trainer.validation.report import require_passed, validate
 
-STAGES = ("prepare", "generate", "train", "validate", "export")
+Progress = Callable[[str, float, str], None]
+"""(stage, fraction of the stage done in [0, 1], detail). The one progress unit of the trainer."""
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Every knob of a local run. Defaults finish well under 30 minutes for SmolLM2-135M on 2 CPU cores."""
+    """Every knob of one job's ML work. Defaults are the default recipe (schemas/recipe.py); a REST job gets
+    its RunConfig from its JobSpec through trainer/job_config.py, `draftsmith run` from its flags the same way."""
 
     target: str
     """Target directory, or a bundled name (smollm2-135m)."""
-    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=128))
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     prompts: str = "builtin"
+    """`builtin` or a local .jsonl/.parquet prompts file."""
     num_prompts: int | None = None
-    """Training prompts regenerated (None: all of the set's training split)."""
-    holdout: float = 0.1
-    variant: str = "dflash2"
-    num_layers: int = 2
-    block_size: int = 8
+    """Prompts drawn from the source, hold-out included (None: all of them)."""
+    holdout: float = recipe.HOLDOUT_SHARE
+    variant: str = recipe.VARIANT
+    num_layers: int = recipe.NUM_LAYERS
+    block_size: int = recipe.BLOCK_SIZE
+    target_layer_ids: tuple[int, ...] | None = None
+    """Target layers tapped (None: the reference rule for the target's depth)."""
     mask_token_id: int | None = None
-    train: TrainConfig = MAIN_JOB_TRAINING
+    allow_pickle: bool = False
+    """Accept pickle weights for the target (a job must say so explicitly)."""
+    trust_remote_code: bool = False
+    """Let the target's tokenizer/config run code shipped with the checkpoint (a job must say so explicitly, and
+    the deployment allow it). The model itself must still be one of the supported architectures."""
+    train: TrainConfig = field(default_factory=TrainConfig)
     generation_batch_size: int = 32
     cache_budget_mb: int = 4096
     validation_prompts: int = VALIDATION_PROMPTS
@@ -62,42 +69,286 @@ class RunConfig:
     def to_json(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self), default=lambda o: o.model_dump(mode="json")))
 
+    @classmethod
+    def from_json(cls, data: dict) -> RunConfig:
+        data = dict(data)
+        taps = data.get("target_layer_ids")
+        return cls(**{**data, "sampling": SamplingParams.model_validate(data["sampling"]),
+                      "train": TrainConfig(**data["train"]),
+                      "target_layer_ids": tuple(taps) if taps is not None else None})
 
-Progress = Callable[[str, float, str], None]
-"""(stage, fraction of the stage done, detail)."""
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a job's files live on this machine. `Layout.under(work, out)` is the standard tree above; the
+    per-stage CLI commands point single paths elsewhere."""
+
+    prepared: Path
+    data: Path
+    train: Path
+    drafter: Path
+    report: Path
+    metrics: Path
+    out: Path
+
+    @classmethod
+    def under(cls, work: str | Path, out: str | Path) -> Layout:
+        work = Path(work)
+        return cls(prepared=work / "prepare.json", data=work / "data", train=work / "train",
+                   drafter=work / "train" / "drafter", report=work / "report.json",
+                   metrics=work / "train" / "metrics.jsonl", out=Path(out))
+
+
+@dataclass
+class StageHooks:
+    progress: Progress = lambda stage, fraction, detail: None
+    should_stop: Callable[[], bool] = lambda: False
+    on_saved: Callable[[Path], None] = lambda path: None
+    on_metrics: Callable[[int, dict[str, float]], None] = lambda step, values: None
+    """Training metrics per step, numbers only (per-position accuracy flattened to accuracy_pos_<k>)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How training runs: in this process (nproc 1), or under torchrun / the DeepSpeed launcher."""
+
+    nproc: int = 1
+    """Processes per node: devices on a GPU machine, gloo processes on a CPU one."""
+    hostfile: str | None = None
+    """A DeepSpeed hostfile for training across several nodes."""
+
+
+def step_metrics(record: dict) -> dict[str, float]:
+    """A training step's record as plain numbers: lists are flattened, missing values dropped."""
+    values: dict[str, float] = {}
+    for name, value in record.items():
+        if name == "step" or value is None or isinstance(value, bool):
+            continue
+        if isinstance(value, list):
+            values.update({f"{name.removesuffix('_per_position')}_pos_{k}": float(v)
+                           for k, v in enumerate(value, start=1) if v is not None})
+        elif isinstance(value, (int, float)):
+            values[name] = float(value)
+    return values
+
+
+def load_job_target(config: RunConfig):
+    """The job's target as this machine has it (prepare.json records where another machine had it)."""
+    from trainer.targets import load_target
+    from trainer.targets.bundled import resolve_target_path
+
+    return load_target(resolve_target_path(config.target), allow_pickle=config.allow_pickle,
+                       trust_remote_code=config.trust_remote_code)
+
+
+def parent_drafter_config(config: RunConfig):
+    """The shape of the drafter a warm start begins from (`config.train.init = "drafter:DIR"`), else None."""
+    if not config.train.parent_drafter:
+        return None
+    from trainer.drafter.checkpoint import read_drafter_config
+
+    return read_drafter_config(config.train.parent_drafter)
+
+
+def drafter_config_for(config: RunConfig, target, prepared: dict):
+    """The drafter's shape: the job's variant, depth and block size on the target, with prepare's mask token
+    and taps. The one place a DrafterConfig is built from a job."""
+    from trainer.drafter.config import DrafterConfig
+
+    return DrafterConfig.for_target(target, variant=config.variant, num_layers=config.num_layers,
+                                    block_size=config.block_size, mask_token_id=prepared["mask_token_id"],
+                                    target_layer_ids=prepared["tap_layer_ids"])
+
+
+# --- the stages --------------------------------------------------------------------------------------
+
+
+class JobStages:
+    """One job's config, layout and hooks, with the target loaded once for every stage run here."""
+
+    def __init__(self, config: RunConfig, layout: Layout, hooks: StageHooks, launch: Launch):
+        self.config, self.layout, self.hooks, self.launch = config, layout, hooks, launch
+        self._target = None
+
+    @property
+    def target(self):
+        if self._target is None:
+            self._target = load_job_target(self.config)
+        return self._target
+
+    def prompts(self):
+        from trainer.data.prompts import load_prompts, sample_prompts, split_prompts
+
+        prompts = sample_prompts(load_prompts(self.config.prompts), self.config.num_prompts, self.config.sampling.seed)
+        return split_prompts(prompts, self.config.holdout, self.config.sampling.seed)
+
+    def prepared(self) -> dict:
+        if not self.layout.prepared.is_file():
+            raise DraftsmithError(f"{self.layout.prepared} is missing: run the prepare stage first")
+        return json.loads(self.layout.prepared.read_text())
+
+    def prepare(self) -> dict:
+        from trainer.drafter.config import default_target_layer_ids
+        from trainer.targets.chat import choose_mask_token_id
+
+        target, c = self.target, self.config
+        train_prompts, holdout = self.prompts()  # validates the prompts file before any compute
+        mask_token_id, reason = ((c.mask_token_id, "given") if c.mask_token_id is not None
+                                 else choose_mask_token_id(target.tokenizer, target.vocab_size))
+        taps = list(c.target_layer_ids) if c.target_layer_ids else default_target_layer_ids(target.num_layers,
+                                                                                            c.num_layers)
+        parent = parent_drafter_config(c)
+        if parent is not None:  # a warm start keeps the parent's mask token and taps unless the job names its own
+            if c.mask_token_id is None:
+                mask_token_id, reason = parent.mask_token_id, "the parent drafter's (warm start)"
+            taps = list(c.target_layer_ids or parent.target_layer_ids)
+        prepared = {"target_path": str(target.path), "fingerprint": target.fingerprint,
+                    "mask_token_id": mask_token_id, "mask_token_rule": reason, "tap_layer_ids": taps,
+                    "train_prompts": len(train_prompts), "holdout_prompts": len(holdout)}
+        shape = drafter_config_for(c, target, prepared)  # validates the drafter's shape (taps in range, mask id) now
+        if parent is not None:
+            from trainer.training.init import check_warm_start
+
+            check_warm_start(parent, shape, c.train.parent_drafter)  # refused here, before any compute
+            prepared["parent_drafter"] = {"path": c.train.parent_drafter,
+                                          "target_fingerprint": parent.target_fingerprint}
+        atomic_write_json(self.layout.prepared, prepared)
+        self.hooks.on_saved(self.layout.prepared)
+        return prepared
+
+    def generate(self) -> dict:
+        from trainer.data.regenerate import regenerate
+
+        train_prompts, _ = self.prompts()
+
+        def on_progress(done: int, total: int, tokens: int) -> None:
+            self.hooks.progress(Stage.GENERATE, done / total, f"{done}/{total} prompts, {tokens} tokens")
+
+        store = regenerate(self.target, train_prompts, self.config.sampling, self.layout.data,
+                           tap_layer_ids=self.prepared()["tap_layer_ids"],
+                           cache_budget_bytes=self.config.cache_budget_mb << 20,
+                           batch_size=self.config.generation_batch_size, on_progress=on_progress,
+                           should_stop=self.hooks.should_stop, on_saved=self.hooks.on_saved)
+        return {"plan": store.meta["plan"], **store.summary()}
+
+    def on_train_step(self, record: dict) -> None:
+        cfg = self.config.train
+        fraction = record["step"] / cfg.steps
+        if cfg.max_minutes:
+            fraction = max(fraction, record["elapsed_s"] / (cfg.max_minutes * 60))
+        self.hooks.progress(Stage.TRAIN, min(fraction, 1.0), f"step {record['step']} loss {record['loss']:.3f} "
+                            f"tau~{record['train_tau_estimate']:.2f} {record['tokens_per_s']:.0f} tok/s")
+        self.hooks.on_metrics(record["step"], step_metrics(record))
+
+    def train(self) -> dict:
+        from trainer.training.launch import train_drafter
+
+        resume = (self.layout.train / "checkpoints" / "latest").is_file()
+        in_process = self.launch.nproc <= 1 and not self.launch.hostfile
+        train_drafter(self.config, self.prepared(), self.layout.data, self.layout.train, self.launch, resume=resume,
+                      on_step=self.on_train_step, should_stop=self.hooks.should_stop, on_saved=self.hooks.on_saved,
+                      target=self.target if in_process else None)
+        records = self.layout.metrics.read_text().splitlines()
+        last = json.loads(records[-1])
+        return {"steps": last["step"], "final_loss": last["loss"], "train_tau_estimate": last["train_tau_estimate"]}
+
+    def validate(self) -> dict:
+        from trainer.drafter.checkpoint import load_drafter
+        from trainer.validation.report import require_passed, validate
+
+        _, holdout = self.prompts()
+        drafter = load_drafter(self.layout.drafter, self.target.device, self.target.dtype)
+
+        def on_progress(done: int, total: int) -> None:
+            if self.hooks.should_stop():  # nothing to keep: validation starts over when the stage resumes
+                raise StageInterrupted(f"validation stopped on request after {done} of {total} prompts")
+            self.hooks.progress(Stage.VALIDATE, done / (total + 1), f"{done}/{total} prompts")
+
+        report = validate(self.target, drafter, holdout[:self.config.validation_prompts], self.config.sampling,
+                          max_new_tokens=self.config.validation_max_new_tokens,
+                          sampling_draws=self.config.sampling_draws, on_progress=on_progress)
+        if self.config.train.parent_drafter:  # a warm start: was it worth it, on this very target and prompts?
+            from trainer.audit import compare_with_parent
+
+            report["warm_start"] = compare_with_parent(
+                self.target, self.config.train.parent_drafter, holdout[:self.config.validation_prompts],
+                self.config.sampling, max_new_tokens=self.config.validation_max_new_tokens, tau=report["tau"])
+        atomic_write_json(self.layout.report, report)
+        self.hooks.on_saved(self.layout.report)
+        require_passed(report)  # a drafter that changes the output is never exported
+        summary = {"tau": report["tau"], "speedup": report["speedup"]["ratio"]}
+        if "warm_start" in report:
+            summary["parent_tau"] = report["warm_start"]["parent_tau"]
+        return summary
+
+    def export(self) -> dict:
+        from trainer.export.artifacts import export_artifacts
+
+        report = json.loads(self.layout.report.read_text()) if self.layout.report.is_file() else None
+        manifest = export_artifacts(self.layout.drafter, self.target, self.layout.out, report=report,
+                                    metrics_file=self.layout.metrics, target_name=self.config.target)
+        self.hooks.on_saved(self.layout.out)
+        return {"files": len(manifest["files"])}
+
+
+TRAINER_STAGES = LOCAL_STAGES
+
+
+def run_stage(stage: Stage | str, config: RunConfig, layout: Layout, hooks: StageHooks | None = None,
+              launch: Launch = Launch(), *, job: JobStages | None = None) -> dict:
+    """Run one stage of the trainer's part of a job; return a summary of what it did (JSON-able).
+
+    Raises DraftsmithError (with a `code`) on bad input, StageInterrupted when `hooks.should_stop` said so.
+    Pass `job` (from `open_job`) to run several stages with the target loaded once."""
+    stage = Stage(stage)
+    if stage not in TRAINER_STAGES:
+        raise DraftsmithError(f"stage {stage} is not the trainer's: it runs {', '.join(TRAINER_STAGES)}")
+    job = job or open_job(config, layout, hooks, launch)
+    layout.prepared.parent.mkdir(parents=True, exist_ok=True)
+    return getattr(job, str(stage))() or {}
+
+
+def open_job(config: RunConfig, layout: Layout, hooks: StageHooks | None = None, launch: Launch = Launch()) -> JobStages:
+    return JobStages(config, layout, hooks or StageHooks(), launch)
 
 
 class Run:
-    def __init__(self, config: RunConfig, out_dir: str | Path, progress: Progress | None = None):
-        self.config, self.out = config, Path(out_dir)
-        self.work = self.out / ".work"
-        self.progress = progress or (lambda stage, fraction, detail: None)
+    """`draftsmith run`: the trainer's stages in order in one process. OUT/.work/state.json records the
+    settings and each finished stage; `--resume` skips finished stages (the long ones resume inside) and
+    refuses different settings. A failed validation keeps its report in .work/ and exports nothing."""
+
+    def __init__(self, config: RunConfig, out_dir: str | Path, progress: Progress | None = None,
+                 launch: Launch = Launch()):
+        self.config, self.launch = config, launch
+        self.work = Path(out_dir) / ".work"
+        self.layout = Layout.under(self.work, out_dir)
+        self.hooks = StageHooks(progress=progress) if progress else StageHooks()
         self.state: dict = {}
-        self.target = None
 
     def execute(self, resume: bool = False) -> dict:
+        import time
+
         self._open_state(resume)
-        for stage in STAGES:
+        job = open_job(self.config, self.layout, self.hooks, self.launch)
+        for stage in TRAINER_STAGES:
             if self.state["stages"].get(stage, {}).get("done"):
-                self.progress(stage, 1.0, "done earlier")
+                self.hooks.progress(stage, 1.0, "done earlier")
                 continue
             started = time.perf_counter()
-            self.progress(stage, 0.0, "starting")
-            info = getattr(self, f"_{stage}")() or {}
+            self.hooks.progress(stage, 0.0, "starting")
+            info = run_stage(stage, self.config, self.layout, self.hooks, self.launch, job=job)
             self.state["stages"][stage] = {"done": True, "seconds": round(time.perf_counter() - started, 1), **info}
-            self._save_state()
-            self.progress(stage, 1.0, "done")
+            atomic_write_json(self.work / "state.json", self.state)
+            self.hooks.progress(stage, 1.0, "done")
         return self.state
-
-    # --- state ---------------------------------------------------------------------------------
 
     def _open_state(self, resume: bool) -> None:
         state_file = self.work / "state.json"
         settings = self.config.to_json()
         if state_file.is_file():
             if not resume:
-                raise DraftsmithError(f"{self.out} already holds a run; pass --resume to continue it or choose "
-                                      "another --out")
+                raise DraftsmithError(f"{self.layout.out} already holds a run; pass --resume to continue it or "
+                                      "choose another --out")
             self.state = json.loads(state_file.read_text())
             if self.state["config"] != settings:
                 changed = sorted(k for k in settings if settings[k] != self.state["config"].get(k))
@@ -106,90 +357,4 @@ class Run:
         else:
             self.work.mkdir(parents=True, exist_ok=True)
             self.state = {"config": settings, "stages": {}}
-            self._save_state()
-
-    def _save_state(self) -> None:
-        atomic_write_json(self.work / "state.json", self.state)
-
-    def _load_target(self):
-        if self.target is None:
-            self.target = load_target(resolve_target_path(self.config.target))
-        return self.target
-
-    def _prompts(self):
-        return split_prompts(load_prompts(self.config.prompts), self.config.holdout, self.config.sampling.seed,
-                             self.config.num_prompts)
-
-    def _drafter_config(self, target, mask_token_id: int, tap_layer_ids: list[int]) -> DrafterConfig:
-        return DrafterConfig.for_target(target, variant=self.config.variant, num_layers=self.config.num_layers,
-                                        block_size=self.config.block_size, mask_token_id=mask_token_id,
-                                        target_layer_ids=tap_layer_ids)
-
-    # --- stages --------------------------------------------------------------------------------
-
-    def _prepare(self) -> dict:
-        target = self._load_target()
-        train_prompts, holdout = self._prompts()  # validates the prompts file before any compute
-        mask_token_id, reason = (self.config.mask_token_id, "given") if self.config.mask_token_id is not None \
-            else choose_mask_token_id(target.tokenizer, target.vocab_size)
-        taps = default_target_layer_ids(target.num_layers, self.config.num_layers)
-        self._drafter_config(target, mask_token_id, taps)  # validates the drafter shape now
-        return {"target_path": str(target.path), "fingerprint": target.fingerprint, "mask_token_id": mask_token_id,
-                "mask_token_rule": reason, "tap_layer_ids": taps, "train_prompts": len(train_prompts),
-                "holdout_prompts": len(holdout)}
-
-    def _generate(self) -> dict:
-        target = self._load_target()
-        train_prompts, _ = self._prompts()
-        taps = self.state["stages"]["prepare"]["tap_layer_ids"]
-
-        def on_progress(done: int, total: int, tokens: int) -> None:
-            self.progress("generate", done / total, f"{done}/{total} prompts, {tokens} tokens")
-
-        store = regenerate(target, train_prompts, self.config.sampling, self.work / "data", tap_layer_ids=taps,
-                           cache_budget_bytes=self.config.cache_budget_mb << 20,
-                           batch_size=self.config.generation_batch_size, on_progress=on_progress)
-        return {"plan": store.meta["plan"], **store.summary()}
-
-    def _train(self) -> dict:
-        target = self._load_target()
-        cfg, prepared = self.config.train, self.state["stages"]["prepare"]
-
-        def on_step(record: dict) -> None:
-            fraction = record["step"] / cfg.steps
-            if cfg.max_minutes:
-                fraction = max(fraction, record["elapsed_s"] / (cfg.max_minutes * 60))
-            self.progress("train", min(fraction, 1.0), f"step {record['step']} loss {record['loss']:.3f} "
-                          f"tau~{record['train_tau_estimate']:.2f} {record['tokens_per_s']:.0f} tok/s")
-
-        trainer = Trainer(target, DataStore.open(self.work / "data"), self.work / "train",
-                          self._drafter_config(target, prepared["mask_token_id"], prepared["tap_layer_ids"]), cfg,
-                          [on_step])
-        trainer.run(resume=(self.work / "train" / "checkpoints" / "latest").is_file())
-        records = (self.work / "train" / "metrics.jsonl").read_text().splitlines()
-        last = json.loads(records[-1])
-        return {"steps": last["step"], "final_loss": last["loss"], "train_tau_estimate": last["train_tau_estimate"]}
-
-    def _validate(self) -> dict:
-        target = self._load_target()
-        _, holdout = self._prompts()
-        drafter = load_drafter(self.work / "train" / "drafter", target.device, target.dtype)
-        prompts = holdout[:self.config.validation_prompts]
-
-        def on_progress(done: int, total: int) -> None:
-            self.progress("validate", done / (total + 1), f"{done}/{total} prompts")
-
-        report = validate(target, drafter, prompts, self.config.sampling,
-                          max_new_tokens=self.config.validation_max_new_tokens,
-                          sampling_draws=self.config.sampling_draws, on_progress=on_progress)
-        atomic_write_json(self.work / "report.json", report)
-        require_passed(report)  # a drafter that changes the output is never exported
-        return {"tau": report["tau"], "speedup": report["speedup"]["ratio"]}
-
-    def _export(self) -> dict:
-        target = self._load_target()
-        report = json.loads((self.work / "report.json").read_text())
-        manifest = export_artifacts(self.work / "train" / "drafter", target, self.out, report=report,
-                                    metrics_file=self.work / "train" / "metrics.jsonl",
-                                    target_name=self.config.target)
-        return {"files": len(manifest["files"])}
+            atomic_write_json(state_file, self.state)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trainer.pipeline import STAGES
+from schemas.stages import LOCAL_STAGES as STAGES
 
 
 class RunProgress:

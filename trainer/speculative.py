@@ -57,7 +57,7 @@ class DecodeResult:
 
 class SpeculativeDecoder:
     def __init__(self, target: Target, drafter: Drafter | None = None, block_size: int | None = None,
-                 record_candidates: bool = False):
+                 record_candidates: bool = False, use_draft_vocab: bool = True):
         self.target = target
         self.drafter = drafter
         self.record_candidates = record_candidates
@@ -65,6 +65,11 @@ class SpeculativeDecoder:
         self.block_size = block_size or default_block
         if self.block_size > 1 and drafter is None:
             raise ValueError("block_size > 1 needs a drafter")
+        # Drafting over a draft vocabulary: the LM head's rows for it, sliced once. Verification always
+        # uses the full vocabulary, so this changes the drafts' cost and quality, never the output.
+        vocab = getattr(drafter, "draft_vocab", None) if use_draft_vocab else None
+        self.draft_vocab = None if vocab is None else vocab.to(target.device)
+        self.draft_head = None if vocab is None else target.lm_head.weight[self.draft_vocab].contiguous()
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], params: SamplingParams, *, max_new_tokens: int | None = None,
@@ -139,20 +144,29 @@ class SpeculativeDecoder:
             drafter.embed_block(block_ids, target.embedding_weight), self._positions(start, verify), context,
             self._positions(context_start, context.shape[1]), cache=cache,
         )[:, 1:]
-        logits = target.lm_head(hidden)
+        vocab = self.draft_vocab
+        logits = target.lm_head(hidden) if vocab is None else hidden @ self.draft_head.T
         top_k = None
         if self.record_candidates:
-            top_k = tuple(map(tuple, logits[0].topk(drafter.config.selector_top_k, dim=-1).indices.tolist()))
+            indices = logits[0].topk(drafter.config.selector_top_k, dim=-1).indices
+            top_k = tuple(map(tuple, (indices if vocab is None else vocab[indices]).tolist()))
+        full_vocab = target.vocab_size
         if drafter.candidate_selector is not None:
             anchor_ids = block_ids[:, 0]
-            drafts, candidates, q = drafter.propose(hidden, logits, anchor_ids, params.temperature, generator)
+            drafts, candidates, q = drafter.propose(hidden, logits, anchor_ids, params.temperature, generator, vocab)
             if q is not None:
-                q = torch.zeros_like(logits[0], dtype=q.dtype).scatter(-1, candidates[0], q[0])
+                q = torch.zeros(q.shape[1], full_vocab, dtype=q.dtype, device=q.device).scatter(-1, candidates[0], q[0])
             return drafts[0].tolist(), q, top_k
         if params.greedy:
-            return logits[0].argmax(-1).tolist(), None, top_k
+            drafts = logits[0].argmax(-1)
+            return (drafts if vocab is None else vocab[drafts]).tolist(), None, top_k
         q = filtered_probs(logits[0], params.temperature, params.top_p, params.top_k)
-        return sample(q, generator).tolist(), q, top_k
+        drafts = sample(q, generator)
+        if vocab is None:
+            return drafts.tolist(), q, top_k
+        # A proposal over the draft vocabulary is a proposal over the whole one that is 0 elsewhere.
+        q = torch.zeros(q.shape[0], full_vocab, dtype=q.dtype, device=q.device).index_copy(-1, vocab, q)
+        return vocab[drafts].tolist(), q, top_k
 
     def _verify(self, block: list[int], logits: torch.Tensor, proposal, params: SamplingParams,
                 generator) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -337,3 +338,51 @@ def test_names_and_storage_types_of_odd_tensors(tmp_path: Path) -> None:
     save_file({"layers.0.mlp.experts.0.weight": torch.randn(4, 64)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(DrafterError, match="no llama.cpp DFlash counterpart"):
         list(_converted_tensors(tmp_path, "f16"))
+
+
+def test_draft_vocabulary_gguf_adds_its_head_and_d2t(export_env: ExportEnv, tmp_path) -> None:
+    """With a draft vocabulary the GGUF also carries the drafter's own `output.weight` (the target head's
+    rows for those tokens) and `d2t` (int64 absolute target ids), as llama.cpp's DFlash loader reads them;
+    everything else is the plain file's, byte for byte."""
+    from safetensors.torch import load_file
+
+    ids = torch.tensor([0, 5, 17, 300, 4096, 49151])
+    head = torch.randn(49152, 64)
+    path = write_gguf(export_env.drafters["dflash2"], export_env.target, tmp_path / "d2t.gguf", "q8_0",
+                      draft_vocab=(ids, head))
+    plain, with_vocab = parse_gguf(export_env.ours[("dflash2", "q8_0")]), parse_gguf(path)
+    assert with_vocab.kv == plain.kv
+    assert {n: t for n, t in with_vocab.tensors.items() if n not in ("output.weight", "d2t")} == plain.tensors
+    kind, dims, data = with_vocab.tensors["d2t"]
+    assert (kind, dims) == (int(gguf.GGMLQuantizationType.I64), (6,))
+    assert np.frombuffer(data, dtype=np.int64).tolist() == ids.tolist()
+    kind, dims, data = with_vocab.tensors["output.weight"]
+    assert (kind, dims) == (GGML_Q8_0, (64, 6))
+    rows = gguf.quants.dequantize(np.frombuffer(data, dtype=np.uint8).reshape(6, -1), gguf.GGMLQuantizationType.Q8_0)
+    np.testing.assert_allclose(rows, head[ids].numpy(), atol=float(head.abs().max()) / 127)
+    assert "output.weight" not in load_file(str(export_env.drafters["dflash2"] / "model.safetensors"))
+
+
+def test_export_of_a_drafter_with_a_draft_vocabulary(export_env: ExportEnv, tmp_path) -> None:
+    """The draft vocabulary travels with the exported drafter, and a d2t GGUF joins the full-head ones."""
+    import json
+    import shutil
+
+    from trainer.drafter.draft_vocab import save_draft_vocab
+    from trainer.export.artifacts import export_artifacts
+    from trainer.targets import load_target
+
+    drafter_dir = tmp_path / "drafter"
+    shutil.copytree(export_env.drafters["dflash2"], drafter_dir)
+    config = json.loads((drafter_dir / "config.json").read_text())
+    config.setdefault("draftsmith", {})["draft_vocab_size"] = 4
+    (drafter_dir / "config.json").write_text(json.dumps(config))
+    save_draft_vocab(torch.tensor([1, 2, 300, 4000]), 49152, drafter_dir)
+    manifest = export_artifacts(drafter_dir, load_target(export_env.target), tmp_path / "out")
+    assert {"drafter/draft_vocab.safetensors", "gguf/drafter-q8_0-d2t.gguf", "gguf/drafter-q8_0.gguf"} <= \
+        set(manifest["files"])
+    tensors = parse_gguf(tmp_path / "out" / "gguf" / "drafter-q8_0-d2t.gguf").tensors
+    assert np.frombuffer(tensors["d2t"][2], dtype=np.int64).tolist() == [1, 2, 300, 4000]
+    assert "d2t" not in parse_gguf(tmp_path / "out" / "gguf" / "drafter-q8_0.gguf").tensors
+    exported = json.loads((tmp_path / "out" / "drafter" / "config.json").read_text())["draftsmith"]
+    assert exported == config["draftsmith"]  # recommended_block_size joins it from a report (test_pipeline.py)

@@ -71,7 +71,7 @@ def test_greedy_regeneration_equals_transformers_generate(tiny_qwen3, tmp_path):
     prompt_ids = tokenize_prompts(tiny_qwen3, prompts, params)
     assert prompt_ids[0] == render_prompt(tiny_qwen3.tokenizer, list(prompts[0].messages))
     outputs = generate_batch(tiny_qwen3, prompt_ids, params, tap_layer_ids=[1, 3])
-    for ids, (response, hidden, _) in zip(prompt_ids, outputs, strict=True):
+    for ids, (response, hidden, _, _) in zip(prompt_ids, outputs, strict=True):
         torch.manual_seed(0)
         expected = tiny_qwen3.model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
                                              eos_token_id=tiny_qwen3.stop_token_ids(), pad_token_id=3)
@@ -82,15 +82,38 @@ def test_greedy_regeneration_equals_transformers_generate(tiny_qwen3, tmp_path):
         torch.testing.assert_close(hidden.float(), taps[0].to(torch.bfloat16).float(), rtol=0.02, atol=0.02)
 
 
+def test_teacher_signal_is_the_targets_own_prediction_of_each_response_token(tiny_qwen3, tmp_path):
+    prompts = load_prompts(write_prompts(tmp_path / "p.jsonl", n=5))
+    params = SamplingParams(max_new_tokens=9)
+    prompt_ids = tokenize_prompts(tiny_qwen3, prompts, params)
+    with_teacher = generate_batch(tiny_qwen3, prompt_ids, params, [1, 3], teacher_top_k=4)
+    plain = generate_batch(tiny_qwen3, prompt_ids, params, [1, 3])
+    for ids, (response, hidden, _, teacher), (same, same_hidden, _, none) in zip(prompt_ids, with_teacher, plain,
+                                                                                  strict=True):
+        assert response == same and torch.equal(hidden, same_hidden) and none is None
+        # Row j is what the target computed right before emitting response token j (greedy: its argmax).
+        logits, final = tiny_qwen3.forward(torch.tensor([ids + response[:-1]]), tap_layer_ids=[5])
+        predicting = logits[0, len(ids) - 1:]
+        assert teacher.ids.shape == (len(response), 4) and teacher.ids[:, 0].tolist() == response
+        torch.testing.assert_close(teacher.logits, predicting.topk(4).values, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(teacher.final_hidden.float(), final[0, len(ids) - 1:], rtol=0.01, atol=0.01)
+    # Stored next to the taps, and read back; a tap subset selects columns.
+    store = regenerate(tiny_qwen3, prompts, params, tmp_path / "d", tap_layer_ids=[1, 3], teacher_top_k=4)
+    examples = store.examples()
+    assert [e.teacher.ids.tolist() for e in examples] == [t.ids.tolist() for *_, t in with_teacher]
+    only_3 = store.examples(tap_layer_ids=[3])
+    assert torch.equal(only_3[0].hidden, examples[0].hidden[:, 64:])
+
+
 def test_sampled_regeneration_is_reproducible_and_uses_the_sampling_params(tiny_qwen3, tmp_path):
     prompts = load_prompts(write_prompts(tmp_path / "p.jsonl", n=4))
     ids = tokenize_prompts(tiny_qwen3, prompts, SamplingParams())
     sampled = SamplingParams(temperature=1.0, top_k=2, max_new_tokens=10)
     first = generate_batch(tiny_qwen3, ids, sampled, None, torch.Generator().manual_seed(5))
     second = generate_batch(tiny_qwen3, ids, sampled, None, torch.Generator().manual_seed(5))
-    assert [r for r, _, _ in first] == [r for r, _, _ in second]
+    assert [r for r, *_ in first] == [r for r, *_ in second]
     greedy = generate_batch(tiny_qwen3, ids, SamplingParams(max_new_tokens=10), None)
-    assert [r for r, _, _ in first] != [r for r, _, _ in greedy]
+    assert [r for r, *_ in first] != [r for r, *_ in greedy]
     # top_k=2: every sampled token is one of the target's two most likely at its step.
     response = first[0][0]
     logits, _ = tiny_qwen3.forward(torch.tensor([ids[0] + response]))

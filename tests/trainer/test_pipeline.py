@@ -10,13 +10,14 @@ import torch
 from click.testing import CliRunner
 from tiny_targets import make_bpe_target
 
-import trainer.pipeline
+import trainer.validation.report
 from draftsmith.cli import main as cli
 from schemas.sampling import SamplingParams
 from trainer.drafter.checkpoint import load_drafter, save_drafter
 from trainer.errors import DraftsmithError
 from trainer.export.artifacts import verify_manifest
-from trainer.pipeline import STAGES, Run, RunConfig
+from trainer.pipeline import TRAINER_STAGES as STAGES
+from trainer.pipeline import Run, RunConfig
 from trainer.speculative import SpeculativeDecoder
 from trainer.targets import load_target
 from trainer.training.config import TrainConfig
@@ -28,7 +29,7 @@ REPORT_KEYS = {"tau", "tau_per_position", "acceptance_by_category", "oracle_tau"
 
 def small_run_config(target_dir) -> RunConfig:
     return RunConfig(
-        target=str(target_dir), sampling=SamplingParams(max_new_tokens=16), num_prompts=12, num_layers=1,
+        target=str(target_dir), sampling=SamplingParams(max_new_tokens=16), num_prompts=40, holdout=0.2, num_layers=1,
         block_size=4, train=TrainConfig(steps=8, batch_size=4, anchors_per_sequence=4, checkpoint_every=4),
         generation_batch_size=8, validation_prompts=3, validation_max_new_tokens=12, sampling_draws=40,
     )
@@ -53,11 +54,13 @@ def test_run_produces_the_artifact_layout(finished_run):
     assert list(dict.fromkeys(stages_seen)) == list(STAGES)
     assert all(state["stages"][stage]["done"] for stage in STAGES)
     for name in ("drafter/config.json", "drafter/model.safetensors", "gguf/drafter-f16.gguf",
-                 "gguf/drafter-q8_0.gguf", "README.md", "report.json", "metrics.jsonl", "manifest.json"):
+                 "gguf/drafter-q8_0.gguf", "README.md", "report.json", "metrics.jsonl", "report.html",
+                 "manifest.json"):
         assert (out / name).is_file(), name
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["files"]) == {"drafter/config.json", "drafter/model.safetensors", "gguf/drafter-f16.gguf",
-                                      "gguf/drafter-q8_0.gguf", "README.md", "report.json", "metrics.jsonl"}
+                                      "gguf/drafter-q8_0.gguf", "README.md", "report.json", "metrics.jsonl",
+                                      "report.html"}
     assert verify_manifest(out) == []
     (out / "README.md").write_text((out / "README.md").read_text() + "tampered")
     assert verify_manifest(out) == ["README.md: content differs from the manifest"]
@@ -67,11 +70,17 @@ def test_report_proves_losslessness_and_carries_every_figure(finished_run):
     out, _, _ = finished_run
     report = json.loads((out / "report.json").read_text())
     assert REPORT_KEYS <= set(report)
-    assert report["lossless"]["greedy"] == {"prompts": 3, "mismatches": 0, "first_divergence": None}
+    assert report["lossless"]["greedy"] == {"prompts": 3, "mismatches": 0, "first_divergence": None,
+                                            "block_size": report["recommended_block_size"]}
     assert set(report["lossless"]["sampling"]) >= {"test", "p_value", "draws"}
     assert set(report["speedup"]) >= {"ar_tokens_per_s", "spec_tokens_per_s", "ratio"}
     assert len(report["tau_per_position"]) == 3 and 1.0 <= report["tau"] <= 4.0
     assert 2 <= report["recommended_block_size"] <= 4
+    # Costs are measured per draft length, separately; the exported drafter records the recommended one.
+    assert set(report["step_costs_ms"]["draft"]) == set(report["estimated_speedup_by_block_size"])
+    assert set(report["step_costs_ms"]["verify"]) == {"1", *report["estimated_speedup_by_block_size"]}  # JSON keys
+    exported = json.loads((out / "drafter" / "config.json").read_text())
+    assert exported["draftsmith"]["recommended_block_size"] == report["recommended_block_size"]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, 9)) and all("loss" in m for m in metrics)
     card = (out / "README.md").read_text()
@@ -98,7 +107,7 @@ def test_resume_skips_finished_stages(bpe_target_dir, tmp_path, monkeypatch):
     def broken_validate(*args, **kwargs):
         raise RuntimeError("worker killed")
 
-    monkeypatch.setattr(trainer.pipeline, "validate", broken_validate)
+    monkeypatch.setattr(trainer.validation.report, "validate", broken_validate)
     with pytest.raises(RuntimeError, match="worker killed"):
         Run(config, tmp_path).execute()
     state = json.loads((tmp_path / ".work" / "state.json").read_text())

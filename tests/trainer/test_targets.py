@@ -69,8 +69,11 @@ def test_supported_architectures_expose_what_a_drafter_needs(tmp_path, arch, tie
     # Taps are HF hidden_states[id + 1], concatenated in the order asked for.
     torch.testing.assert_close(taps, torch.cat([reference.hidden_states[4], reference.hidden_states[1]], dim=-1))
     torch.testing.assert_close(target.lm_head(reference.hidden_states[-1]), reference.logits)
+    # The last layer's entry in HF's hidden_states is post-norm (what the LM head reads): tapped the same way.
+    _, last = target.forward(ids, tap_layer_ids=[4])
+    torch.testing.assert_close(last, reference.hidden_states[5])
     with pytest.raises(TargetError, match="out of range"):
-        target.forward(ids, tap_layer_ids=[4])  # the last layer's output is post-norm in HF: refused
+        target.forward(ids, tap_layer_ids=[5])
 
 
 def test_cache_rolls_back(tiny_qwen3):

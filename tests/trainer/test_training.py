@@ -68,6 +68,32 @@ def test_blocks_follow_the_inference_layout():
     assert mask[8, 8:].tolist() == [False] * 6 + [True] * 3 + [False] * 3
 
 
+def test_teacher_signal_lines_up_with_the_labels(tiny_target, tiny_data):
+    """Greedy data: the target's top-1 at the position that predicted a label is that label, and its final
+    hidden state there is what its LM head turned into that prediction."""
+    from trainer.training.data import collate
+
+    examples = tiny_data.examples()[:4]
+    input_ids, lengths, prompt_lens, context, teacher = collate(examples, 3, None, [1, 2, 3])
+    batch = build_blocks(input_ids, lengths, prompt_lens, context, block_size=4, num_anchors=6, mask_token_id=7,
+                         decay_gamma=4.0, generator=torch.Generator().manual_seed(0), teacher=teacher)
+    supervised = batch.weights > 0
+    assert supervised.sum() > 20
+    assert torch.equal(batch.soft_ids[..., 0][supervised], batch.labels[supervised])
+    logits = tiny_target.lm_head(batch.teacher_hidden[supervised])
+    assert torch.equal(logits.argmax(-1), batch.labels[supervised])
+
+
+@pytest.mark.parametrize("objective", [{"kl_weight": 0.5}, {"hidden_loss_weight": 1.0},
+                                       {"bf16_matmuls": True, "kl_weight": 0.5, "hidden_loss_weight": 1.0}])
+def test_dense_supervision_and_bf16_matmuls_train(tiny_target, tiny_data, tmp_path, objective):
+    cfg = TrainConfig(steps=30, batch_size=4, anchors_per_sequence=8, lr=3e-3, warmup_steps=2, init="random",
+                      checkpoint_every=100, **objective)
+    _, records = run(tiny_target, tiny_data, tmp_path, cfg)
+    assert records[-1]["loss"] < 0.75 * records[0]["loss"]
+    assert records[-1]["train_tau_estimate"] > records[0]["train_tau_estimate"]
+
+
 def test_a_few_steps_lower_the_loss(tiny_target, tiny_data, tmp_path):
     cfg = TrainConfig(steps=40, batch_size=4, anchors_per_sequence=8, lr=3e-3, warmup_steps=2, init="random",
                       checkpoint_every=100)
@@ -82,6 +108,27 @@ def test_a_few_steps_lower_the_loss(tiny_target, tiny_data, tmp_path):
     assert [m["step"] for m in metrics] == list(range(1, 41))
     assert {"loss", "lr", "tokens_per_s", "accuracy_per_position", "topk_recall"} <= set(metrics[0])
     assert load_drafter(drafter_dir).config.block_size == 4
+
+
+def test_draft_vocabulary_is_ranked_written_and_exported(tiny_target, tiny_data, tmp_path):
+    """A drafter configured with a draft vocabulary gets the most frequent regenerated tokens (stop tokens
+    always), and greedy decoding with it stays the target's (export: tests/export/test_gguf.py)."""
+    from trainer.speculative import SpeculativeDecoder
+
+    config = drafter_config(tiny_target).replace(draft_vocab_size=40)
+    cfg = TrainConfig(steps=3, batch_size=2, anchors_per_sequence=4, checkpoint_every=100, warmup_steps=1)
+    drafter_dir = Trainer(tiny_target, tiny_data, tmp_path / "run", config, cfg).run()
+    drafter = load_drafter(drafter_dir)
+    responses = [e.input_ids[e.prompt_len:] for e in tiny_data.examples(with_hidden=False)]
+    counts = torch.bincount(torch.tensor([t for r in responses for t in r]), minlength=tiny_target.vocab_size)
+    assert len(drafter.draft_vocab) == 40 and set(tiny_target.stop_token_ids()) <= set(drafter.draft_vocab.tolist())
+    outside = counts.clone()
+    outside[drafter.draft_vocab] = -1
+    assert int(counts[drafter.draft_vocab].sort().values[1]) >= int(outside.max())  # [0] may be a stop token
+    greedy = SamplingParams(max_new_tokens=20)
+    prompt = responses[0][:5]
+    assert SpeculativeDecoder(tiny_target, drafter).generate(prompt, greedy).tokens == \
+        SpeculativeDecoder(tiny_target).generate(prompt, greedy).tokens
 
 
 class Crash(Exception):

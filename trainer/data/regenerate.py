@@ -4,7 +4,8 @@ template, so the drafter learns the very distribution it will be verified agains
 Prompts go through in left-padded batches with one KV cache per batch; finished rows leave the batch.
 The tapped hidden states are captured during the same passes (no second target pass) and stored in
 bfloat16 next to the tokens, unless the estimated cache exceeds the budget, in which case training
-recomputes them. Work is cut into shards written atomically, so an interrupted run resumes at the
+recomputes them. The target's own prediction of every response token (its top-k logits and final hidden
+state) is kept too, for dense distillation. Work is cut into shards written atomically, so an interrupted run resumes at the
 first missing shard.
 """
 
@@ -19,17 +20,22 @@ import torch
 
 from schemas.sampling import SamplingParams
 from trainer.data.prompts import Prompt
-from trainer.data.store import DataStore, Example
-from trainer.errors import DraftsmithError
+from trainer.data.store import DataStore, Example, TeacherSignal
+from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.sampling import sample, target_probs
 from trainer.targets.chat import render_prompt
 from trainer.targets.loading import Target
 
 HIDDEN_DTYPE = torch.bfloat16
+TEACHER_TOP_K = 32
+"""Target logits kept per response token (with the target's final hidden state): the dense supervision a
+distillation objective can use beyond the token itself (trainer/training/objective.py)."""
 
 
 class DataError(DraftsmithError):
     """Regeneration cannot start or continue as asked."""
+
+    code = "data_invalid"
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ def tokenize_prompts(target: Target, prompts: list[Prompt], params: SamplingPara
     limit = target.config.max_position_embeddings
     rendered = []
     for prompt in prompts:
-        ids = render_prompt(target.tokenizer, list(prompt.messages), params.chat_template)
+        ids = render_prompt(target.tokenizer, list(prompt.messages), params.chat_template, prompt.tools)
         if len(ids) + params.max_new_tokens > limit:
             raise DataError(f"prompt {prompt.id!r} has {len(ids)} tokens; with max_new_tokens "
                             f"{params.max_new_tokens} it exceeds the target's context of {limit}; "
@@ -72,11 +78,18 @@ def plan_regeneration(target: Target, prompt_ids: list[list[int]], params: Sampl
 
 @torch.inference_mode()
 def generate_batch(target: Target, prompts: list[list[int]], params: SamplingParams, tap_layer_ids: list[int] | None,
-                   generator: torch.Generator | None = None) -> list[tuple[list[int], torch.Tensor | None, str]]:
-    """Responses to a batch of tokenised prompts: (response ids, taps of prompt+response[:-1], stop reason).
+                   generator: torch.Generator | None = None, teacher_top_k: int = 0,
+                   ) -> list[tuple[list[int], torch.Tensor | None, str, TeacherSignal | None]]:
+    """Responses to a batch of tokenised prompts: (response ids, taps of prompt+response[:-1], stop reason,
+    the target's own prediction of every response token when teacher_top_k > 0).
 
     Left padding keeps every row's newest token in the last column; positions count real tokens only.
+    The teacher signal costs almost nothing here: the logits and the final hidden state of every step are
+    computed anyway to pick the next token.
     """
+    recorder = TeacherRecorder(len(prompts), teacher_top_k, target.num_layers - 1) if teacher_top_k else None
+    if recorder is not None:
+        tap_layer_ids = recorder.with_final(tap_layer_ids)
     device, pad = target.device, target.tokenizer.pad_token_id or 0
     stop = torch.tensor(target.stop_token_ids(), device=device)
     width = max(len(p) for p in prompts)
@@ -87,12 +100,16 @@ def generate_batch(target: Target, prompts: list[list[int]], params: SamplingPar
     logits, taps = target.forward(input_ids, positions, cache, tap_layer_ids, logits_to_keep=1,
                                   attention_mask=attention)
     rows = list(range(len(prompts)))  # original index of each live row
+    if recorder is not None:
+        taps = recorder.split(taps)
     responses: list[list[int]] = [[] for _ in prompts]
     hidden: list[list[torch.Tensor]] = [[taps[i, width - len(p):]] if taps is not None else [] for i, p in enumerate(prompts)]
     reasons = ["length"] * len(prompts)
     next_pos = positions[:, -1] + 1
     for step in range(params.max_new_tokens):
         last = logits[:, -1]
+        if recorder is not None:
+            recorder.record(rows, last)
         tokens = last.argmax(-1) if params.greedy else sample(target_probs(last, params), generator)
         finished = torch.isin(tokens, stop) | (step + 1 == params.max_new_tokens)
         for live, row in enumerate(rows):
@@ -109,19 +126,60 @@ def generate_batch(target: Target, prompts: list[list[int]], params: SamplingPar
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         logits, taps = target.forward(tokens[:, None], next_pos[:, None], cache, tap_layer_ids,
                                       attention_mask=attention)
+        if recorder is not None:
+            taps = recorder.split(taps)
         next_pos = next_pos + 1
         if taps is not None:
             for live, row in enumerate(rows):
                 hidden[row].append(taps[live])
-    return [(responses[i], torch.cat(hidden[i]).to(HIDDEN_DTYPE) if hidden[i] else None, reasons[i])
+    return [(responses[i], torch.cat(hidden[i]).to(HIDDEN_DTYPE) if hidden[i] else None, reasons[i],
+             recorder.signal(i) if recorder is not None else None)
             for i in range(len(prompts))]
+
+
+class TeacherRecorder:
+    """Collects, step by step, the target's top-k logits and final (normed) hidden state for every live row.
+    The final hidden state is tapped as the target's last layer (`Target.capture_taps`) and split off the
+    ordinary taps before they are stored."""
+
+    def __init__(self, rows: int, top_k: int, last_layer: int):
+        self.top_k, self.last_layer = top_k, last_layer
+        self.ids: list[list[torch.Tensor]] = [[] for _ in range(rows)]
+        self.logits: list[list[torch.Tensor]] = [[] for _ in range(rows)]
+        self.final: list[list[torch.Tensor]] = [[] for _ in range(rows)]
+        self._taps: list[int] | None = None
+        self._pending_final: torch.Tensor | None = None
+
+    def with_final(self, tap_layer_ids: list[int] | None) -> list[int]:
+        self._taps = tap_layer_ids
+        return list(tap_layer_ids or []) + [self.last_layer]
+
+    def split(self, taps: torch.Tensor) -> torch.Tensor | None:
+        hidden = taps.shape[-1] // (len(self._taps or []) + 1)
+        self._pending_final = taps[:, -1, -hidden:]  # the newest column predicts the next token
+        return taps[..., :-hidden] if self._taps else None
+
+    def record(self, rows: list[int], last_logits: torch.Tensor) -> None:
+        values, ids = last_logits.float().topk(self.top_k, dim=-1)
+        for live, row in enumerate(rows):
+            self.ids[row].append(ids[live].to(torch.int32))
+            self.logits[row].append(values[live])
+            self.final[row].append(self._pending_final[live].to(HIDDEN_DTYPE))
+
+    def signal(self, row: int) -> TeacherSignal:
+        return TeacherSignal(torch.stack(self.ids[row]).cpu(), torch.stack(self.logits[row]).cpu(),
+                             torch.stack(self.final[row]).cpu())
 
 
 def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, out_dir: str | Path, *,
                tap_layer_ids: list[int], cache_budget_bytes: int = 4 << 30, shard_size: int = 64,
-               batch_size: int = 16, on_progress: Callable[[int, int, int], None] | None = None) -> DataStore:
+               batch_size: int = 16, on_progress: Callable[[int, int, int], None] | None = None,
+               should_stop: Callable[[], bool] | None = None,
+               on_saved: Callable[[Path], None] | None = None, teacher_top_k: int = TEACHER_TOP_K) -> DataStore:
     """Write the regenerated training set to `out_dir`; skip shards already complete. on_progress gets
-    (prompts done, prompts total, tokens generated so far)."""
+    (prompts done, prompts total, tokens generated so far). `should_stop` is asked between batches: True
+    raises StageInterrupted, keeping every finished shard. `on_saved(out_dir)` follows each shard written
+    and the completion marker, so a caller can copy finished work elsewhere as it appears."""
     prompt_ids = tokenize_prompts(target, prompts, params)
     plan = plan_regeneration(target, prompt_ids, params, len(tap_layer_ids), cache_budget_bytes)
     meta = {
@@ -130,6 +188,8 @@ def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, ou
         "hidden_dtype": str(HIDDEN_DTYPE).removeprefix("torch."), "shard_size": shard_size,
         "prompt_ids": [p.id for p in prompts], "plan": plan.describe(),
     }
+    if teacher_top_k:
+        meta["teacher_top_k"] = teacher_top_k
     store = DataStore.create(out_dir, meta)
     shards = math.ceil(len(prompts) / shard_size)
     done, tokens = 0, 0
@@ -144,18 +204,25 @@ def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, ou
         order = sorted(chunk, key=lambda i: len(prompt_ids[i]))
         examples: dict[int, Example] = {}
         for start in range(0, len(order), batch_size):
+            if should_stop is not None and should_stop():
+                raise StageInterrupted(f"generation stopped on request after {done} of {len(prompts)} prompts; "
+                                       "finished shards are kept and the stage resumes from them")
             batch = order[start:start + batch_size]
             outputs = generate_batch(target, [prompt_ids[i] for i in batch], params,
-                                     tap_layer_ids if plan.cache_hidden else None, generator)
-            for i, (response, hidden, reason) in zip(batch, outputs, strict=True):
+                                     tap_layer_ids if plan.cache_hidden else None, generator, teacher_top_k)
+            for i, (response, hidden, reason, teacher) in zip(batch, outputs, strict=True):
                 examples[i] = Example(prompts[i].id, prompts[i].category, prompt_ids[i] + response,
-                                      len(prompt_ids[i]), reason, hidden)
+                                      len(prompt_ids[i]), reason, hidden, teacher)
                 tokens += len(response)
             done += len(batch)
             if on_progress:
                 on_progress(done, len(prompts), tokens)
         store.write_shard(shard, [examples[i] for i in chunk])
+        if on_saved:
+            on_saved(store.root)
     store.finish()
+    if on_saved:
+        on_saved(store.root)
     return store
 
 

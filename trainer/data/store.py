@@ -2,7 +2,9 @@
 
     meta.json                      what produced it (target fingerprint, sampling, taps, prompt ids)
     shard-00000.parquet            id, category, input_ids, loss_mask, prompt_len, stop_reason
-    shard-00000.hidden.safetensors tapped hidden states per row, bfloat16 (only when cached)
+    shard-00000.hidden.safetensors tapped hidden states per row, bfloat16 (only when cached), and the
+                                   target's teacher signal per row (rowN.teacher_ids / .teacher_logits /
+                                   .teacher_final) when regeneration kept it
     COMPLETE                       written last
 
 The parquet shards are plain `datasets` input: `load_dataset("parquet", data_files="DIR/shard-*.parquet")`.
@@ -26,6 +28,19 @@ IDENTITY_FIELDS = ("target_fingerprint", "sampling", "tap_layer_ids", "hidden_ca
 
 
 @dataclass
+class TeacherSignal:
+    """The target's own prediction of every response token: row j is what it computed right before emitting
+    response token j (from the prompt's last position, then from each response token)."""
+
+    ids: torch.Tensor
+    """(n, k) int32: its k most likely tokens."""
+    logits: torch.Tensor
+    """(n, k) float32: their raw logits (no temperature or filtering applied)."""
+    final_hidden: torch.Tensor
+    """(n, H) bfloat16: its final normed hidden state, the one its LM head read."""
+
+
+@dataclass
 class Example:
     id: str
     category: str
@@ -34,6 +49,8 @@ class Example:
     stop_reason: str
     hidden: torch.Tensor | None = None
     """Taps of input_ids[:-1], (len - 1, taps * hidden_size), or None when recomputed online."""
+    teacher: TeacherSignal | None = None
+    """The target's prediction of each response token, when regeneration kept it."""
 
     @property
     def loss_mask(self) -> list[int]:
@@ -87,9 +104,15 @@ class DataStore:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        if examples and examples[0].hidden is not None:
+        tensors = {f"row{i}": e.hidden.contiguous() for i, e in enumerate(examples) if e.hidden is not None}
+        for i, e in enumerate(examples):
+            if e.teacher is not None:
+                tensors.update({f"row{i}.teacher_ids": e.teacher.ids.contiguous(),
+                                f"row{i}.teacher_logits": e.teacher.logits.contiguous(),
+                                f"row{i}.teacher_final": e.teacher.final_hidden.contiguous()})
+        if tensors:
             with atomic_path(self._hidden(index)) as tmp:
-                save_file({f"row{i}": e.hidden.contiguous() for i, e in enumerate(examples)}, tmp)
+                save_file(tensors, tmp)
         table = pa.table({
             "id": [e.id for e in examples],
             "category": [e.category for e in examples],
@@ -107,16 +130,39 @@ class DataStore:
     def shard_indices(self) -> list[int]:
         return sorted(int(p.name[6:11]) for p in self.root.glob("shard-*.parquet"))
 
-    def examples(self, with_hidden: bool = True) -> list[Example]:
+    def examples(self, with_hidden: bool = True, tap_layer_ids: list[int] | None = None,
+                 with_teacher: bool = True) -> list[Example]:
+        """Every example; `tap_layer_ids` (a subset of the stored taps, any order) selects those columns."""
         import pyarrow.parquet as pq
 
+        columns = self._tap_columns(tap_layer_ids)
         out = []
         for index in self.shard_indices():
             rows = pq.read_table(self._shard(index)).to_pylist()
-            hidden = load_file(self._hidden(index)) if with_hidden and self._hidden(index).is_file() else {}
-            out.extend(Example(r["id"], r["category"], r["input_ids"], r["prompt_len"], r["stop_reason"],
-                               hidden.get(f"row{i}")) for i, r in enumerate(rows))
+            tensors = load_file(self._hidden(index)) if (with_hidden or with_teacher) and \
+                self._hidden(index).is_file() else {}
+            for i, r in enumerate(rows):
+                hidden = tensors.get(f"row{i}") if with_hidden else None
+                if hidden is not None and columns is not None:
+                    hidden = hidden.view(hidden.shape[0], -1, hidden.shape[1] // len(self.meta["tap_layer_ids"]))
+                    hidden = hidden[:, columns].flatten(1)
+                teacher = None
+                if with_teacher and f"row{i}.teacher_ids" in tensors:
+                    teacher = TeacherSignal(tensors[f"row{i}.teacher_ids"], tensors[f"row{i}.teacher_logits"],
+                                            tensors[f"row{i}.teacher_final"])
+                out.append(Example(r["id"], r["category"], r["input_ids"], r["prompt_len"], r["stop_reason"],
+                                   hidden, teacher))
         return out
+
+    def _tap_columns(self, tap_layer_ids: list[int] | None) -> list[int] | None:
+        stored = list(self.meta.get("tap_layer_ids") or [])
+        if tap_layer_ids is None or list(tap_layer_ids) == stored:
+            return None
+        missing = [i for i in tap_layer_ids if i not in stored]
+        if missing:
+            raise DraftsmithError(f"the data holds target layers {stored}, not {missing}; regenerate with "
+                                  "those taps")
+        return [stored.index(i) for i in tap_layer_ids]
 
     def summary(self) -> dict:
         examples = self.examples(with_hidden=False)

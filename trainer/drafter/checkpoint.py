@@ -1,4 +1,5 @@
-"""Drafter checkpoints in the reference `dflash` format: config.json + model.safetensors."""
+"""Drafter checkpoints in the reference `dflash` format: config.json + model.safetensors (+ an optional
+draft vocabulary, trainer/drafter/draft_vocab.py, that the reference format does not know)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from trainer.atomic import atomic_path, atomic_write_json
 from trainer.drafter.config import DrafterConfig
+from trainer.drafter.draft_vocab import load_draft_vocab
 from trainer.drafter.model import Drafter
 from trainer.errors import DrafterError
 
@@ -55,4 +57,10 @@ def load_drafter(path: str | Path, device: str | torch.device = "cpu", dtype: to
     if missing or unexpected:
         raise DrafterError(f"drafter {path}: weights do not match config.json "
                            f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    return drafter.to(device=device, dtype=dtype).eval()
+    drafter = drafter.to(device=device, dtype=dtype).eval()
+    drafter.draft_vocab = load_draft_vocab(path)
+    if (None if drafter.draft_vocab is None else len(drafter.draft_vocab)) != config.draft_vocab_size:
+        raise DrafterError(f"drafter {path}: config.json says draft_vocab_size {config.draft_vocab_size} but "
+                           f"{path / 'draft_vocab.safetensors'} holds "
+                           f"{'none' if drafter.draft_vocab is None else len(drafter.draft_vocab)}")
+    return drafter

@@ -67,17 +67,25 @@ class DrafterConfig:
     target-layer init so the block's residual stream has the scale the copied layers expect."""
     target_fingerprint: str | None = None
     """Hash of the target's tokenizer and embedding; a drafter refuses any other target."""
+    recommended_block_size: int | None = None
+    """The draft length validation found fastest on its machine (export writes it; `draftsmith decode` uses it)."""
+    draft_vocab_size: int | None = None
+    """Draft among this many of the target's most frequent tokens (trainer/drafter/draft_vocab.py; the
+    table itself is `draft_vocab.safetensors` next to the weights); None: the whole vocabulary."""
 
     def __post_init__(self) -> None:
         if self.variant not in ARCHITECTURES:
             raise DrafterError(f"variant must be one of {sorted(ARCHITECTURES)}, got {self.variant!r}")
         if not 2 <= self.block_size <= 64:
             raise DrafterError(f"block_size must be in [2, 64], got {self.block_size}")
-        if not self.target_layer_ids or any(not 0 <= i < self.num_target_layers - 1 for i in self.target_layer_ids):
+        # The last layer is tapped after the target's final norm (HF hidden_states[L], as the reference reads it).
+        if not self.target_layer_ids or any(not 0 <= i < self.num_target_layers for i in self.target_layer_ids):
             raise DrafterError(f"target_layer_ids {list(self.target_layer_ids)} must be non-empty and within "
-                               f"[0, {self.num_target_layers - 2}] for a {self.num_target_layers}-layer target")
+                               f"[0, {self.num_target_layers - 1}] for a {self.num_target_layers}-layer target")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise DrafterError(f"mask_token_id {self.mask_token_id} is outside the vocabulary (size {self.vocab_size})")
+        if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise DrafterError(f"draft_vocab_size {self.draft_vocab_size} must be in [1, {self.vocab_size}]")
         if self.variant == "dflash2" and self.hidden_size % self.conv_group_size:
             raise DrafterError(f"hidden_size {self.hidden_size} must be a multiple of conv_group_size "
                                f"{self.conv_group_size}")
@@ -93,6 +101,8 @@ class DrafterConfig:
         rope = getattr(config, "rope_parameters", None) or {}
         taps = target_layer_ids or (build_target_layer_ids(target.num_layers, num_taps) if num_taps
                                     else default_target_layer_ids(target.num_layers, num_layers))
+        if overrides.get("draft_vocab_size") and overrides["draft_vocab_size"] >= target.vocab_size:
+            overrides["draft_vocab_size"] = None  # a draft vocabulary as large as the vocabulary saves nothing
         return cls(
             variant=variant, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
             num_layers=num_layers, num_attention_heads=config.num_attention_heads,
@@ -143,8 +153,10 @@ class DrafterConfig:
             "dflash_config": dflash_config,
             "dtype": "float32",
         }
-        if self.target_fingerprint:
-            out["draftsmith"] = {"target_fingerprint": self.target_fingerprint}
+        ours = {"target_fingerprint": self.target_fingerprint, "draft_vocab_size": self.draft_vocab_size,
+                "recommended_block_size": self.recommended_block_size}
+        if any(v is not None for v in ours.values()):
+            out["draftsmith"] = {k: v for k, v in ours.items() if v is not None}
         return out
 
     @classmethod
@@ -175,6 +187,8 @@ class DrafterConfig:
                 mask_token_id=int(dflash["mask_token_id"]),
                 input_embedding_scale=dflash.get("input_embedding_scale"),
                 target_fingerprint=(data.get("draftsmith") or {}).get("target_fingerprint"),
+                draft_vocab_size=(data.get("draftsmith") or {}).get("draft_vocab_size"),
+                recommended_block_size=(data.get("draftsmith") or {}).get("recommended_block_size"),
                 **extra,
             )
         except KeyError as exc:

@@ -191,6 +191,10 @@ class Drafter(nn.Module):
         self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.candidate_selector = CandidateSelector(c) if c.variant == "dflash2" else None
+        self.draft_vocab: torch.Tensor | None = None
+        """Sorted token ids the drafter drafts among (trainer/drafter/draft_vocab.py); None: the full vocabulary."""
+        self.context_noise = 0.0
+        """Training only: std of Gaussian noise on the normed context features (a regulariser; the trainer sets it)."""
         self.reset_parameters()
 
     @torch.no_grad()
@@ -224,6 +228,8 @@ class Drafter(nn.Module):
         """
         block_len = block_len or noise.shape[1]
         context = self.hidden_norm(self.fc(context))
+        if self.training and self.context_noise:
+            context = context + torch.randn_like(context) * self.context_noise
         rope_block = rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, noise.dtype)
         rope_context = rotary_cos_sin(context_positions, self.config.head_dim, self.config.rope_theta, noise.dtype)
         x = noise
@@ -238,10 +244,11 @@ class Drafter(nn.Module):
         return noise if scale is None else noise * scale
 
     def propose(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor, temperature: float,
-                generator: torch.Generator | None = None):
-        """DFlash 2 drafts: (tokens (b, L), candidates (b, L, K), proposal q over candidates or None)."""
+                generator: torch.Generator | None = None, vocab_ids: torch.Tensor | None = None):
+        """DFlash 2 drafts: (tokens (b, L), candidates (b, L, K), proposal q over candidates or None).
+        vocab_ids: the token of each logit column when the logits cover a draft vocabulary only."""
         selector = self.candidate_selector
         return selector_walk(
             logits, selector.hidden_projection(hidden), anchor_ids, selector.predecessor_codebook.weight,
-            selector.successor_codebook.weight, selector.top_k, temperature, generator,
+            selector.successor_codebook.weight, selector.top_k, temperature, generator, vocab_ids,
         )

@@ -2,8 +2,11 @@
 
     drafter/config.json, drafter/model.safetensors   reference `dflash` format (SGLang, vLLM, transformers)
     gguf/drafter-f16.gguf, gguf/drafter-q8_0.gguf     llama.cpp (`--spec-type draft-dflash`)
+    drafter/draft_vocab.safetensors,                 with a draft vocabulary: d2t/t2d (EAGLE-3 convention) and a
+      gguf/drafter-q8_0-d2t.gguf                     GGUF whose own head covers it (llama.cpp's DFlash `d2t`)
     README.md                                        model card: target, sampling, figures, serving commands
     report.json, metrics.jsonl                       validation report and per-step training metrics
+    report.html                                      both as charts, self-contained (opens from disk)
     manifest.json                                    sha256 and size of every other file
 
 Every file is written under a temporary name and renamed, and the manifest comes last: a directory
@@ -12,16 +15,18 @@ without manifest.json is not a finished export.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
+from schemas.manifest import build_manifest, sha256_file, verify_manifest  # noqa: F401 - re-exported
 from trainer.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from trainer.drafter.checkpoint import load_drafter
+from trainer.drafter.draft_vocab import FILE_NAME as DRAFT_VOCAB_FILE
 from trainer.errors import DraftsmithError
 from trainer.export.gguf_writer import write_gguf
 from trainer.export.model_card import model_card
+from trainer.export.report_html import write_report_html
 from trainer.targets.loading import Target
 from trainer.validation.report import check_compatible
 
@@ -44,50 +49,30 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     staged.mkdir(exist_ok=True)
     for name in ("config.json", "model.safetensors"):
         _atomic_copy(drafter_dir / name, staged / name)
+    if report and report.get("recommended_block_size"):
+        # `draftsmith decode` (and anyone reading config.json) then drafts at the length validation measured best.
+        config = json.loads((staged / "config.json").read_text())
+        config.setdefault("draftsmith", {})["recommended_block_size"] = report["recommended_block_size"]
+        atomic_write_json(staged / "config.json", config)
     (out_dir / "gguf").mkdir(exist_ok=True)
     for dtype in GGUF_TYPES:
         write_gguf(staged, target.path, out_dir / "gguf" / f"drafter-{dtype}.gguf", dtype)
+    if drafter.draft_vocab is not None:
+        # Engines that read a draft vocabulary (vLLM, llama.cpp: `d2t`) draft over it; the files above keep the
+        # full head for those that do not (SGLang, the reference package).
+        _atomic_copy(drafter_dir / DRAFT_VOCAB_FILE, staged / DRAFT_VOCAB_FILE)
+        write_gguf(staged, target.path, out_dir / "gguf" / "drafter-q8_0-d2t.gguf", "q8_0",
+                   draft_vocab=(drafter.draft_vocab, target.lm_head.weight))
     if report is not None:
         atomic_write_json(out_dir / "report.json", report)
     if metrics_file is not None and Path(metrics_file).is_file():
         _atomic_copy(Path(metrics_file), out_dir / "metrics.jsonl")
     card = model_card(drafter.config, target, report, target_name or str(target.path))
     atomic_write_bytes(out_dir / "README.md", card.encode())
+    write_report_html(out_dir, report, metrics_file, title=f"Draftsmith drafter for {target_name or target.path}")
     manifest = build_manifest(out_dir)
     atomic_write_json(out_dir / "manifest.json", manifest)
     return manifest
-
-
-def build_manifest(root: Path) -> dict:
-    files = {}
-    for path in sorted(root.rglob("*")):
-        relative = path.relative_to(root).as_posix()
-        if not path.is_file() or relative == "manifest.json" or relative.startswith(".") or "/." in relative:
-            continue
-        files[relative] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-    return {"files": files}
-
-
-def verify_manifest(root: str | Path) -> list[str]:
-    """Problems found (empty when every listed file is present with its size and hash)."""
-    root = Path(root)
-    manifest = json.loads((root / "manifest.json").read_text())
-    problems = []
-    for relative, entry in manifest["files"].items():
-        path = root / relative
-        if not path.is_file():
-            problems.append(f"{relative}: missing")
-        elif path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
-            problems.append(f"{relative}: content differs from the manifest")
-    return problems
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _atomic_copy(source: Path, destination: Path) -> None:

@@ -112,8 +112,14 @@ class OrderedMetadata:
 
 
 def write_gguf(drafter_dir: Path, target_dir: Path, out_path: Path, dtype: GGUFDtype,
-               *, tokenizer_pre: str | None = None) -> Path:
+               *, tokenizer_pre: str | None = None, draft_vocab: tuple[torch.Tensor, torch.Tensor] | None = None
+               ) -> Path:
     """Write the drafter as a llama.cpp DFlash GGUF and return `out_path`.
+
+    `draft_vocab` = (sorted target ids, the target's LM head): also write the drafter's own `output.weight`
+    (the head's rows for those ids, so llama.cpp's DFlash graph computes draft logits over them only) and
+    `d2t` (int64, absolute target ids, as llama.cpp's DFlash and EAGLE-3 loaders read it). Without it the
+    file is exactly what llama.cpp's converter writes (the drafter borrows the target's full head).
 
     The file appears atomically (written under a temporary name in the same directory, renamed at
     the end); on any failure nothing is left behind. Raises DrafterError / TargetError, naming the
@@ -130,6 +136,12 @@ def write_gguf(drafter_dir: Path, target_dir: Path, out_path: Path, dtype: GGUFD
     try:
         for gguf_name, data, qtype in _converted_tensors(drafter_dir, dtype):
             writer.add_tensor(gguf_name, data, raw_dtype=qtype)
+        if draft_vocab is not None:
+            ids, head = draft_vocab
+            rows = head[ids].detach().to(torch.float32).numpy()
+            qtype = storage_type("output.weight", rows.ndim, dtype)
+            writer.add_tensor("output.weight", gguf.quants.quantize(rows, qtype), raw_dtype=qtype)
+            writer.add_tensor("d2t", ids.to(torch.int64).numpy())
         # Metadata in the converter's order: general.*, model parameters, quantization version, vocab.
         writer.add_type(gguf.GGUFType.MODEL)
         _general_metadata(writer, drafter_dir)

@@ -23,6 +23,13 @@ def _figures(report: dict | None) -> str:
         f"tokens/s ({speed['ratio']}x, {speed['decoding']}) |",
         f"| recommended block size | {report['recommended_block_size']} |",
     ]
+    costs = report.get("step_costs_ms")
+    if costs:
+        lines += ["", "Measured step costs (ms) per block size b, batch 1 on the validation machine: drafting "
+                  "b - 1 tokens and verifying b tokens (b = 1: one plain decode step).", "",
+                  "| b | draft | verify |", "|---|---|---|"]
+        lines += [f"| {b} | {costs['draft'].get(b, costs['draft'].get(str(b), ''))} | {v} |"
+                  for b, v in costs["verify"].items()]
     categories = report.get("acceptance_by_category") or {}
     if categories:
         lines += ["", "Acceptance by prompt category:", "", "| category | tau | cycles |", "|---|---|---|"]

@@ -12,12 +12,16 @@ _PROBE_CONVERSATION = [
 ]
 
 
-def render_prompt(tokenizer, messages: list[dict], options: ChatTemplateOptions | None = None) -> list[int]:
-    """Token ids of `messages` rendered with the generation prompt, exactly as a server would."""
+def render_prompt(tokenizer, messages: list[dict], options: ChatTemplateOptions | None = None,
+                  tools: list[dict] | tuple[dict, ...] | None = None) -> list[int]:
+    """Token ids of `messages` (and the request's `tools`, if any) rendered with the generation prompt, exactly
+    as a server would."""
     options = options or ChatTemplateOptions()
     if options.system_prompt and not any(m.get("role") == "system" for m in messages):
         messages = [{"role": "system", "content": options.system_prompt}, *messages]
     kwargs = {}
+    if tools:
+        kwargs["tools"] = list(tools)
     if options.enable_thinking is not None:
         kwargs["enable_thinking"] = options.enable_thinking
     if not getattr(tokenizer, "chat_template", None):

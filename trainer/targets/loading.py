@@ -73,19 +73,20 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def load_target(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                allow_pickle: bool = False) -> Target:
-    """Load a checked target directory in float32 on CPU (bfloat16 on GPU). Never runs remote code."""
+                allow_pickle: bool = False, trust_remote_code: bool = False) -> Target:
+    """Load a checked target directory in float32 on CPU (bfloat16 on GPU). Runs code shipped with the
+    checkpoint only when `trust_remote_code` is given (a job's explicit, deployment-allowed choice)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
     inspect_target_dir(path, allow_pickle=allow_pickle)
     device = torch.device(device)
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype or default_dtype(device), trust_remote_code=False,
+        path, dtype=dtype or default_dtype(device), trust_remote_code=trust_remote_code,
         use_safetensors=not allow_pickle or None,
     ).to(device).eval()
     model.requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     return Target(model, tokenizer, path)
 
 
@@ -165,13 +166,16 @@ class Target:
         captured: dict[int, torch.Tensor] = {}
         handles = []
         for layer_id in layer_ids or []:
-            if not 0 <= layer_id < self.num_layers - 1:
-                raise TargetError(f"target layer id {layer_id} is out of range [0, {self.num_layers - 2}]")
+            if not 0 <= layer_id < self.num_layers:
+                raise TargetError(f"target layer id {layer_id} is out of range [0, {self.num_layers - 1}]")
 
             def hook(_module, _args, output, layer_id=layer_id):
                 captured[layer_id] = output[0] if isinstance(output, tuple) else output
 
-            handles.append(self.layers[layer_id].register_forward_hook(hook))
+            # HF's hidden_states[L] (what the reference reads for the last layer) is the final norm's output:
+            # the state the LM head reads, so the last layer is tapped after the norm.
+            module = self.layers[layer_id] if layer_id < self.num_layers - 1 else self.model.get_decoder().norm
+            handles.append(module.register_forward_hook(hook))
         ordered: list[torch.Tensor] = []
         try:
             yield ordered

@@ -37,6 +37,12 @@ class BlockBatch:
     """(b, N, B) token[a + k - 1], the gold predecessor the selector scores from."""
     weights: torch.Tensor
     """(b, N, B) loss weight: decay(k) for valid block positions k >= 1, else 0."""
+    soft_ids: torch.Tensor | None = None
+    """(b, N, B, k) the target's top-k tokens where it predicted labels[...] (with a teacher signal)."""
+    soft_logits: torch.Tensor | None = None
+    """(b, N, B, k) their logits."""
+    teacher_hidden: torch.Tensor | None = None
+    """(b, N, B, H) the target's final hidden state at the position that predicted labels[...]."""
 
     @property
     def block_size(self) -> int:
@@ -67,8 +73,10 @@ def sample_anchors(input_ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: 
 
 def build_blocks(input_ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: torch.Tensor, context: torch.Tensor,
                  *, block_size: int, num_anchors: int, mask_token_id: int, decay_gamma: float,
-                 generator: torch.Generator) -> BlockBatch:
-    """input_ids: (b, S) right-padded; lengths, prompt_lens: (b,); context: (b, S, taps*H)."""
+                 generator: torch.Generator, teacher: dict[str, torch.Tensor] | None = None,
+                 supervised_positions: int | None = None) -> BlockBatch:
+    """input_ids: (b, S) right-padded; lengths, prompt_lens: (b,); context: (b, S, taps*H); teacher: the
+    target's predictions laid out by predicted position (trainer/training/data.py collate_teacher)."""
     batch, width = input_ids.shape
     anchors, valid = sample_anchors(input_ids, lengths, prompt_lens, num_anchors, generator)
     blocks = anchors.shape[1]
@@ -78,7 +86,11 @@ def build_blocks(input_ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: to
     gather_at = positions.clamp(max=width - 1)
     labels = torch.gather(input_ids, 1, gather_at.view(batch, -1)).view(batch, blocks, block_size)
     predecessors = torch.gather(input_ids, 1, (gather_at - 1).clamp_min(0).view(batch, -1)).view_as(labels)
-    decay = torch.tensor([0.0] + [math.exp(-(k - 1) / decay_gamma) for k in range(1, block_size)])
+    # Positions past `supervised_positions` get no loss and so cost no LM-head compute: the budget goes to
+    # more anchors for the early positions, which gate every acceptance.
+    last = block_size - 1 if supervised_positions is None else supervised_positions
+    decay = torch.tensor([0.0] + [math.exp(-(k - 1) / decay_gamma) if k <= last else 0.0
+                                  for k in range(1, block_size)])
     weights = decay * in_sequence
 
     block_ids = torch.full((batch, blocks, block_size), mask_token_id, dtype=input_ids.dtype)
@@ -90,7 +102,17 @@ def build_blocks(input_ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: to
     sees_context &= valid[:, query_block, None]
     sees_block = (query_block[:, None] == query_block[None, :]).expand(batch, -1, -1)
     mask = torch.cat([sees_context, sees_block], dim=2)[:, None]
+    soft = {}
+    if teacher is not None:
+        flat = gather_at.view(batch, -1)
+
+        def at_labels(values: torch.Tensor) -> torch.Tensor:
+            picked = torch.gather(values, 1, flat[..., None].expand(-1, -1, values.shape[-1]))
+            return picked.view(batch, blocks, block_size, values.shape[-1])
+
+        soft = {"soft_ids": at_labels(teacher["ids"]), "soft_logits": at_labels(teacher["logits"]),
+                "teacher_hidden": at_labels(teacher["final"])}
     return BlockBatch(
         context=context, block_ids=block_ids.view(batch, -1), block_positions=positions.view(batch, -1),
-        mask=mask, labels=labels, predecessors=predecessors, weights=weights,
+        mask=mask, labels=labels, predecessors=predecessors, weights=weights, **soft,
     )

@@ -1,4 +1,5 @@
-"""Typed training configuration. Defaults are the CPU recipe the main job runs; scale them on GPUs."""
+"""Typed training configuration. Defaults are the CPU recipe the main job runs (`schemas/recipe.py`, the one
+source that a REST job, `draftsmith run` and the bench share); scale them on GPUs."""
 
 from __future__ import annotations
 
@@ -6,23 +7,28 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from schemas import recipe
 from trainer.errors import DraftsmithError
+
+WARM_START_PREFIX = "drafter:"
+"""`init="drafter:/dir"` starts training from the weights of the drafter in /dir (a warm start, issue 12):
+one string, so it travels through RunConfig's JSON form and a launched job's spec file unchanged."""
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 600
+    steps: int = recipe.TRAIN_STEPS
     """Optimizer steps (a time budget, below, may stop earlier)."""
-    max_minutes: float | None = None
+    max_minutes: float | None = recipe.TRAIN_MAX_MINUTES
     """Stop (and checkpoint) once this much wall time has passed; all processes stop together."""
-    batch_size: int = 16
+    batch_size: int = recipe.BATCH_SIZE
     """Sequences per micro-batch per process (many sequences, few anchors each, generalises better
     than few sequences with many anchors at the same cost)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step."""
-    anchors_per_sequence: int = 12
+    anchors_per_sequence: int = recipe.ANCHORS_PER_SEQUENCE
     """Blocks drafted per sequence in one forward pass."""
-    lr: float = 2e-3
+    lr: float = recipe.LEARNING_RATE
     """Peak learning rate of AdamW."""
     warmup_steps: int = 30
     min_lr_ratio: float = 0.1
@@ -32,15 +38,32 @@ class TrainConfig:
     loss_decay_gamma: float | None = None
     """exp(-(k-1)/gamma) position weights; None picks the DFlash paper's value for the block size."""
     selector_loss_weight: float = 1.0
-    init: Literal["target", "random"] = "random"
+    kl_weight: float = 0.0
+    """Share of the target's own top-k distribution in each position's cross-entropy target (the rest is
+    the regenerated token); needs data regenerated with a teacher signal, else ignored."""
+    hidden_loss_weight: float = 0.0
+    """Weight of the regression of the drafter's final hidden state onto the target's (teacher signal)."""
+    draft_vocab_size: int | None = recipe.DRAFT_VOCAB_SIZE
+    """The trained drafter drafts among this many most frequent regenerated tokens (trainer/drafter/draft_vocab.py;
+    engines without a draft vocabulary use the full head); None or >= the vocabulary: the full vocabulary."""
+    supervised_positions: int | None = None
+    """Train block positions 1..K only (None: all B-1). Later positions are reached so rarely that their
+    LM-head compute is better spent on more anchors."""
+    bf16_matmuls: bool = False
+    """On a float32 (CPU) target: the drafter's matmuls and the LM head in bfloat16 (weights, optimizer and
+    losses stay float32); about 2x the steps per minute where the CPU has bfloat16 units."""
+    context_noise: float = 0.0
+    """Std of Gaussian noise added to the drafter's normed context features while training (regularises
+    a drafter that memorises its context)."""
+    init: Literal["target", "random"] | str = "random"
     """`target`: drafter layers start as copies of the target's last layers (trainer/training/init.py);
     `random`: N(0, 0.02). The context projection is whitened and convolutions start as the identity
-    either way."""
-    zero_stage: Literal[2, 3] = 2
+    either way. `drafter:DIR`: a warm start from the drafter in DIR, whose shape must match (init.py)."""
+    zero_stage: Literal[2, 3] = recipe.ZERO_STAGE
     """DeepSpeed ZeRO stage: 2 shards optimizer state and gradients, 3 also the drafter's weights."""
-    checkpoint_every: int = 200
+    checkpoint_every: int = recipe.CHECKPOINT_EVERY
     """Steps between resumable checkpoints (one is always written at the end)."""
-    seed: int = 0
+    seed: int = recipe.SEED
     log_every: int = 10
     """Steps between progress lines (every step still goes to metrics.jsonl and the callbacks)."""
 
@@ -51,16 +74,18 @@ class TrainConfig:
             "warmup_steps": self.warmup_steps >= 0, "min_lr_ratio": 0 <= self.min_lr_ratio <= 1,
             "checkpoint_every": self.checkpoint_every >= 1, "zero_stage": self.zero_stage in (2, 3),
             "max_minutes": self.max_minutes is None or self.max_minutes > 0,
-            "init": self.init in ("target", "random"),
+            "init": self.init in ("target", "random") or (self.init.startswith(WARM_START_PREFIX)
+                                                          and len(self.init) > len(WARM_START_PREFIX)),
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise DraftsmithError(f"training setting {bad[0]}={getattr(self, bad[0])!r} is out of range")
 
+    @property
+    def parent_drafter(self) -> str | None:
+        """The drafter directory a warm start begins from (`init="drafter:DIR"`), else None."""
+        return self.init.removeprefix(WARM_START_PREFIX) if self.init.startswith(WARM_START_PREFIX) else None
+
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
-
-MAIN_JOB_TRAINING = TrainConfig(steps=300, max_minutes=12.0)
-"""The training of `draftsmith run`'s defaults: ~10 minutes on 2 CPU cores for SmolLM2-135M, the cosine
-schedule run to its end (the time limit is a safety net, not the plan)."""

@@ -36,8 +36,29 @@ class ExampleOrder:
         return step * self.world * self.micro_batch * self.accum / len(self.examples)
 
 
+def collate_teacher(examples: list[Example], width: int) -> dict[str, torch.Tensor] | None:
+    """The teacher signal laid out by the position of the token it predicts: row t of each tensor is the
+    target's prediction of token t (defined on response tokens; zeros elsewhere). None unless every
+    example carries one."""
+    if not examples or any(e.teacher is None for e in examples):
+        return None
+    first = examples[0].teacher
+    top_k, hidden = first.ids.shape[1], first.final_hidden.shape[1]
+    out = {"ids": torch.zeros(len(examples), width, top_k, dtype=torch.long),
+           "logits": torch.zeros(len(examples), width, top_k),
+           "final": torch.zeros(len(examples), width, hidden)}
+    for row, example in enumerate(examples):
+        teacher, start = example.teacher, example.prompt_len
+        count = min(teacher.ids.shape[0], len(example.input_ids) - start)
+        out["ids"][row, start:start + count] = teacher.ids[:count].long()
+        out["logits"][row, start:start + count] = teacher.logits[:count].float()
+        out["final"][row, start:start + count] = teacher.final_hidden[:count].float()
+    return out
+
+
 def collate(examples: list[Example], pad_id: int, target: Target | None, tap_layer_ids: list[int]):
-    """(input_ids (b, S) right-padded, lengths, prompt_lens, context (b, S, taps*H) float32)."""
+    """(input_ids (b, S) right-padded, lengths, prompt_lens, context (b, S, taps*H) float32, teacher signal
+    (collate_teacher) or None)."""
     width = max(len(e.input_ids) for e in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     for row, example in enumerate(examples):
@@ -54,4 +75,4 @@ def collate(examples: list[Example], pad_id: int, target: Target | None, tap_lay
         _, taps = target.forward(input_ids.to(target.device), attention_mask=attention.to(target.device),
                                  tap_layer_ids=tap_layer_ids)
         context = taps.float().cpu()
-    return input_ids, lengths, prompt_lens, context
+    return input_ids, lengths, prompt_lens, context, collate_teacher(examples, width)

@@ -10,6 +10,9 @@
   anchor's identity.
 - With `init="random"`: N(0, 0.02) layers and a unit final norm.
 Convolutions start as the identity and the selector as plain argmax either way (Drafter.reset_parameters).
+- With `init="drafter:DIR"` (a warm start, issue 12): every weight is the drafter in DIR's, which must have
+  this drafter's shape exactly (`check_warm_start` names each difference and the job field that fixes it).
+  The new drafter records the new target's fingerprint; no statistics are taken (its `fc` is trained).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import torch
 from trainer.data.store import Example
 from trainer.drafter.config import DrafterConfig
 from trainer.drafter.model import Drafter
+from trainer.errors import DrafterError
 from trainer.targets.loading import Target
+from trainer.training.config import WARM_START_PREFIX
 
 LAYER_PARAMETERS = (
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
@@ -67,8 +72,57 @@ def prepare_config(config: DrafterConfig, target: Target, stats: ContextStatisti
     return config
 
 
+class IncompatibleDrafter(DrafterError):
+    """A drafter cannot serve as the starting point (or be measured) here: its shape differs."""
+
+    code = "incompatible_drafter"
+
+
+SHAPE_FIELDS = ("variant", "hidden_size", "intermediate_size", "num_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size", "num_target_layers", "target_layer_ids",
+                "block_size", "mask_token_id", "conv_kernel_size", "conv_group_size", "selector_rank",
+                "selector_top_k")
+"""What a warm start must share with its parent: every tensor shape and every input the weights were fitted to."""
+JOB_FIELDS = {"variant": "drafter.variant", "num_layers": "drafter.num_layers", "block_size": "drafter.block_size",
+              "target_layer_ids": "drafter.target_layer_ids", "mask_token_id": "drafter.mask_token_id"}
+
+
+def warm_start_mismatches(parent: DrafterConfig, config: DrafterConfig) -> list[str]:
+    """Each difference between the parent's shape and this job's, with what fixes it."""
+    problems = []
+    for name in SHAPE_FIELDS:
+        had, wants = getattr(parent, name), getattr(config, name)
+        if had != wants:
+            had, wants = (list(v) if isinstance(v, tuple) else v for v in (had, wants))
+            fix = (f"set {JOB_FIELDS[name]} to {had!r} or train from scratch" if name in JOB_FIELDS
+                   else "the target differs in shape: train from scratch")
+            problems.append(f"{name} is {had!r} in the parent but {wants!r} here ({fix})")
+    return problems
+
+
+def check_warm_start(parent: DrafterConfig, config: DrafterConfig, where: str) -> None:
+    problems = warm_start_mismatches(parent, config)
+    if problems:
+        raise IncompatibleDrafter(f"cannot warm-start from the drafter {where}: " + "; ".join(problems))
+
+
+def warm_start_drafter(config: DrafterConfig, parent_dir: str) -> Drafter:
+    """A drafter of `config` (this job's shape, the new target's fingerprint) holding the parent's weights."""
+    from trainer.drafter.checkpoint import load_drafter
+
+    parent = load_drafter(parent_dir)
+    check_warm_start(parent.config, config, parent_dir)
+    drafter = Drafter(config.replace(input_embedding_scale=parent.config.input_embedding_scale,
+                                     draft_vocab_size=parent.config.draft_vocab_size))
+    drafter.load_state_dict(parent.state_dict())
+    return drafter
+
+
 def initial_drafter(config: DrafterConfig, target: Target, examples: list[Example], mode: str, seed: int) -> Drafter:
-    """The drafter training starts from (float32, CPU): statistics of the data, then `init_from_target`."""
+    """The drafter training starts from (float32, CPU): statistics of the data, then `init_from_target`; or,
+    with mode `drafter:DIR`, the weights of an earlier drafter (a warm start)."""
+    if mode.startswith(WARM_START_PREFIX):
+        return warm_start_drafter(config, mode.removeprefix(WARM_START_PREFIX))
     stats = context_statistics(examples, target, list(config.target_layer_ids))
     torch.manual_seed(seed)  # identical initial weights on every rank
     drafter = Drafter(prepare_config(config, target, stats, mode))

@@ -1,9 +1,15 @@
 """The distillation objective of a DFlash / DFlash 2 drafter.
 
-    loss = CE + lambda * selector CE
+    loss = CE + lambda * selector CE + mu * hidden regression
 
-CE: cross-entropy of the drafter's logits (through the target's frozen LM head) against the regenerated
-token at every block position k >= 1, weighted by exp(-(k-1)/gamma).
+CE: cross-entropy of the drafter's logits (through the target's frozen LM head) at every block position
+k >= 1, weighted by exp(-(k-1)/gamma), against the regenerated token or, with a teacher signal and
+kl_weight > 0, against the mixture (1 - kl_weight) * token + kl_weight * the target's own top-k
+distribution at that position (forward KL to the target up to a constant; ModelOpt's default for DFlash).
+
+Hidden regression (EAGLE's feature loss): the drafter's final hidden state at block position k against the
+target's final hidden state where it predicted that token, squared error relative to the target's mean
+square, same weights. The LM head is linear, so matching it matches every logit at once.
 
 Selector CE (DFlash 2): a K-way cross-entropy over the top-K candidates of each position, scored from the
 gold predecessor (teacher forcing), with the same weights. Policy when the gold token is not among the
@@ -34,13 +40,26 @@ class FrozenTargetParts:
 
 
 class DistillationObjective(nn.Module):
-    def __init__(self, drafter: Drafter, frozen: FrozenTargetParts, selector_loss_weight: float = 1.0):
+    def __init__(self, drafter: Drafter, frozen: FrozenTargetParts, selector_loss_weight: float = 1.0,
+                 kl_weight: float = 0.0, hidden_loss_weight: float = 0.0, bf16_matmuls: bool = False):
         super().__init__()
         self.drafter = drafter
         self.frozen = frozen
         self.selector_loss_weight = selector_loss_weight
+        self.kl_weight = kl_weight
+        self.hidden_loss_weight = hidden_loss_weight
+        # float32 weights on a CPU with bfloat16 matmul units: run the matmuls (the drafter's under autocast,
+        # the LM head's from a bfloat16 copy) in bfloat16, ~2x faster; weights, optimizer, softmax and
+        # losses stay float32.
+        self.low_precision = bf16_matmuls and frozen.lm_head.dtype == torch.float32
+        self.low_head = frozen.lm_head.to(torch.bfloat16) if self.low_precision else None
 
     def forward(self, batch: BlockBatch) -> dict[str, torch.Tensor]:
+        device = self.frozen.lm_head.device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.low_precision):
+            return self._forward(batch)
+
+    def _forward(self, batch: BlockBatch) -> dict[str, torch.Tensor]:
         drafter, frozen = self.drafter, self.frozen
         dtype = frozen.lm_head.dtype
         context = batch.context.to(dtype)
@@ -57,9 +76,21 @@ class DistillationObjective(nn.Module):
         weights = batch.weights.reshape(-1)[supervised].float()
         selector = drafter.candidate_selector
         top_k = drafter.config.selector_top_k if selector is not None else 0
-        ce, predicted, candidates = linear_cross_entropy(hidden, frozen.lm_head, labels, weights / weights.sum(),
-                                                         top_k=top_k)
+        soft = {}
+        if self.kl_weight and batch.soft_ids is not None:
+            soft = {"soft_ids": batch.soft_ids.flatten(0, 2)[supervised],
+                    "soft_probs": torch.softmax(batch.soft_logits.flatten(0, 2)[supervised].float(), dim=-1),
+                    "soft_weight": self.kl_weight}
+        head = frozen.lm_head if self.low_head is None else self.low_head
+        ce, predicted, candidates = linear_cross_entropy(hidden.to(head.dtype), head, labels, weights / weights.sum(),
+                                                         top_k=top_k, **soft)
         out = {"ce": ce.detach(), "loss": ce}
+        if self.hidden_loss_weight and batch.teacher_hidden is not None:
+            goal = batch.teacher_hidden.flatten(0, 2)[supervised].float()
+            error = (hidden.float() - goal).pow(2).mean(-1) / goal.pow(2).mean().clamp_min(1e-6)
+            hidden_loss = (error * weights).sum() / weights.sum()
+            out["loss"] = out["loss"] + self.hidden_loss_weight * hidden_loss
+            out["hidden_loss"] = hidden_loss.detach()
         if selector is not None:
             # The candidates' logits again, now with a gradient path (K per position: cheap).
             unary = torch.einsum("ph,pkh->pk", hidden, frozen.lm_head[candidates])
@@ -69,7 +100,7 @@ class DistillationObjective(nn.Module):
             selector_loss = F.cross_entropy(scores.float(), gold.float().argmax(-1), reduction="none")
             selector_weights = weights * in_top_k
             selector_ce = (selector_loss * selector_weights).sum() / selector_weights.sum().clamp_min(1e-6)
-            out["loss"] = ce + self.selector_loss_weight * selector_ce
+            out["loss"] = out["loss"] + self.selector_loss_weight * selector_ce
             # What greedy inference would pick at this position given a correct prefix.
             predicted = candidates.gather(-1, scores.argmax(-1, keepdim=True))[:, 0].detach()
             out.update(selector_ce=selector_ce.detach(), topk_recall=in_top_k.float().mean().detach())

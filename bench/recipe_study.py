@@ -1,0 +1,237 @@
+"""Bench: the recipe study. One regenerated data set, one change per row, equal training compute, and held-out
+tau on every held-out prompt with a 95 % bootstrap interval over prompts (plus the paired difference against
+the baseline row on the same prompts, which is what tells a real +0.05 from noise).
+
+Held-out tau is measured by replay (trainer/validation/replay.py): the target decodes each held-out prompt
+greedily once, and each drafter is then run against that known output, which is what greedy speculative
+decoding does minus the target's verify passes. Training runs at `--threads` threads and every row records
+its process CPU time, so rows stay comparable when other work shares the machine (wall time does not).
+
+    python bench/recipe_study.py --data DATA --work /tmp/study --rows baseline,kl [--steps 300]
+    python bench/recipe_study.py --work /tmp/study --table          # the table of every row run so far
+
+DATA is a data set from `draftsmith generate` (or the main job's OUT/.work/data) regenerated with the
+teacher signal and with every tap a row needs (e.g. layers 1,14,27,29).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+BF16 = {"bf16_matmuls": True}
+ROWS: dict[str, tuple[str, dict, dict]] = {
+    # name: (what changes, drafter-config overrides, training overrides). Every row after `bf16` keeps its
+    # bfloat16 matmuls (1.5x the steps per CPU second) and changes one more thing against it.
+    "baseline": ("the main job's recipe before this study (float32)", {}, {}),
+    "bf16": ("bfloat16 matmuls (weights, optimizer, losses float32)", {}, BF16),
+    "kl0.5": ("CE target: half token, half the target's top-32 distribution", {}, BF16 | {"kl_weight": 0.5}),
+    "kl0.9": ("CE target: 0.1 token, 0.9 the target's top-32 distribution", {}, BF16 | {"kl_weight": 0.9}),
+    "hidden1": ("+ regression onto the target's final hidden state (weight 1)", {},
+                BF16 | {"hidden_loss_weight": 1.0}),
+    "gamma1.5": ("position decay gamma 1.5 instead of 4 (weights ~ reach probability)", {},
+                 BF16 | {"loss_decay_gamma": 1.5}),
+    "gamma8": ("position decay gamma 8 (flatter)", {}, BF16 | {"loss_decay_gamma": 8.0}),
+    "taps+29": ("taps [1,14,27,29]: the last layer (post-norm) added", {"target_layer_ids": (1, 14, 27, 29)}, BF16),
+    "taps14,29": ("taps [1,14,29]: the last layer instead of 27", {"target_layer_ids": (1, 14, 29)}, BF16),
+    "lr1e-3": ("peak lr 1e-3 instead of 2e-3", {}, BF16 | {"lr": 1e-3}),
+    "lr4e-3": ("peak lr 4e-3 instead of 2e-3", {}, BF16 | {"lr": 4e-3}),
+    "wd0.1": ("weight decay 0.1 instead of 0.01", {}, BF16 | {"weight_decay": 0.1}),
+    "noise0.2": ("Gaussian noise 0.2 on the normed context features", {}, BF16 | {"context_noise": 0.2}),
+    "rank64": ("selector rank 64 instead of 256", {"selector_rank": 64}, BF16),
+    "sel0.3": ("selector loss weight 0.3 instead of 1", {}, BF16 | {"selector_loss_weight": 0.3}),
+    "anchors24": ("24 anchors per sequence, 8 sequences per step (same positions per step)", {},
+                  BF16 | {"anchors_per_sequence": 24, "batch_size": 8}),
+    "anchors24k3": ("24 anchors per sequence, loss on block positions 1-3 only (the LM-head compute of 4-7 goes "
+                    "to anchors; 0.83x the steps = equal compute)", {},
+                    BF16 | {"anchors_per_sequence": 24, "supervised_positions": 3, "steps_factor": 0.83}),
+    "layers1": ("1 drafter layer instead of 2 (cheaper drafts)", {"num_layers": 1}, BF16),
+    # DFlash costs 2.39 CPU s/step against DFlash 2's 2.69 (bf16, 1 thread): equal compute is 1.125x the steps.
+    "dflash": ("DFlash (v1): no convolutions, no selector; 1.125x the steps = DFlash 2's compute",
+               {"variant": "dflash"}, BF16 | {"steps_factor": 1.125}),
+}
+
+
+def uptime_load() -> float:
+    return os.getloadavg()[0]
+
+
+def git_revision() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def parse_overrides(text: str) -> dict:
+    """'key=value,key=value' with JSON values (numbers, lists) for ad-hoc rows."""
+    out = {}
+    for item in filter(None, text.split(";")):
+        key, value = item.split("=", 1)
+        out[key] = json.loads(value)
+    return out
+
+
+def run_row(name: str, drafter_overrides: dict, train_overrides: dict, args, target, store, references,
+            mask_token_id: int) -> dict:
+    import torch
+
+    from trainer.drafter.checkpoint import load_drafter
+    from trainer.drafter.config import DrafterConfig
+    from trainer.training.config import TrainConfig
+    from trainer.training.loop import Trainer
+    from trainer.validation.replay import bootstrap_interval, replay_acceptance
+
+    drafter_overrides = dict(drafter_overrides)
+    variant = drafter_overrides.pop("variant", "dflash2")
+    num_layers = drafter_overrides.pop("num_layers", 2)
+    taps = list(drafter_overrides.pop("target_layer_ids", (1, 14, 27)))
+    config = DrafterConfig.for_target(target, variant=variant, num_layers=num_layers, block_size=args.block_size,
+                                      mask_token_id=mask_token_id, target_layer_ids=taps, **drafter_overrides)
+    train_overrides = dict(train_overrides)
+    steps = round(args.steps * train_overrides.pop("steps_factor", 1.0))
+    train = {"steps": steps, "max_minutes": None, "checkpoint_every": 10**6, **train_overrides}
+    cfg = TrainConfig(**train)
+    out_dir = args.work / "rows" / name
+    records: list[dict] = []
+    load_before, cpu_before, wall_before = uptime_load(), time.process_time(), time.perf_counter()
+    Trainer(target, store, out_dir, config, cfg, [records.append]).run()
+    cpu, wall = time.process_time() - cpu_before, time.perf_counter() - wall_before
+    drafter = load_drafter(out_dir / "drafter")
+    references = references()
+    result = replay_acceptance(target, drafter, references)
+    overall = result.stats.overall
+    row = {
+        "row": name, "description": ROWS.get(name, ("ad hoc",))[0], "drafter": drafter_overrides | {
+            "variant": variant, "num_layers": num_layers, "taps": taps}, "train": train,
+        "tau": round(result.tau, 4), "tau_ci95": [round(v, 4) for v in bootstrap_interval(result.per_prompt)],
+        "per_position": [round(a or 0.0, 4) for a in overall.per_position],
+        "oracle_tau": round(overall.oracle_tau or 0.0, 4),
+        "by_category": result.stats.acceptance_by_category(), "per_prompt": result.per_prompt,
+        "train_tau_estimate": records[-1]["train_tau_estimate"], "final_loss": records[-1]["loss"],
+        "steps": records[-1]["step"], "train_cpu_s": round(cpu, 1), "train_wall_s": round(wall, 1),
+        "cpu_s_per_step": round(cpu / max(1, len(records)), 3), "threads": torch.get_num_threads(),
+        "load_before": round(load_before, 2), "load_after": round(uptime_load(), 2),
+        "prompts": len(references), "git": git_revision(),
+    }
+    if drafter.candidate_selector is not None and args.argmax:
+        # The same drafter without its selector walk: plain argmax of its logits at every position.
+        selector, drafter.candidate_selector = drafter.candidate_selector, None
+        row["tau_argmax"] = round(replay_acceptance(target, drafter, references).tau, 4)
+        drafter.candidate_selector = selector
+    return row
+
+
+def load_results(work: Path) -> dict[str, dict]:
+    path = work / "results.jsonl"
+    rows = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[row["row"]] = row
+    return rows
+
+
+def print_table(work: Path, baseline: str = "baseline") -> str:
+    from trainer.validation.replay import bootstrap_interval
+
+    rows = load_results(work)
+    lines = ["| row | what changes | held-out tau [95% CI] | delta [paired 95% CI] | per-position "
+             "acceptance | argmax tau | oracle tau | train-set tau | steps | CPU s/step | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        delta = ""
+        # Each row against the row it changes one thing of: bf16 against the float32 baseline, the rest
+        # against bf16 (they keep its bfloat16 matmuls), `reference` naming any other.
+        reference = row.get("reference") or ("bf16" if row["train"].get("bf16_matmuls") and name != "bf16"
+                                             else baseline)
+        base = rows.get(reference)
+        if base is not None and name != reference and len(base["per_prompt"]) == len(row["per_prompt"]):
+            low, high = bootstrap_interval(row["per_prompt"], base["per_prompt"])
+            delta = f"{row['tau'] - base['tau']:+.3f} [{low:+.3f}, {high:+.3f}] vs {reference}"
+        positions = ", ".join(f"{a:.2f}" for a in row["per_position"][:4])
+        lines.append(f"| {name} | {row['description']} | {row['tau']:.3f} [{row['tau_ci95'][0]:.3f}, "
+                     f"{row['tau_ci95'][1]:.3f}] | {delta} | {positions} | {row.get('tau_argmax', '')} | "
+                     f"{row['oracle_tau']:.2f} | {row['train_tau_estimate']:.2f} | {row['steps']} | "
+                     f"{row['cpu_s_per_step']:.2f} | {row['load_before']:.1f}-{row['load_after']:.1f} |")
+    table = "\n".join(lines)
+    print(table)
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--data", type=Path, help="A regenerated data set with a teacher signal and every tap.")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/draftsmith-study"))
+    parser.add_argument("--rows", default="baseline", help=f"Comma-separated, from: {', '.join(ROWS)}")
+    parser.add_argument("--adhoc", default="", help="An extra row: NAME:drafter k=v;...:train k=v;...")
+    parser.add_argument("--steps", type=int, default=None, help="Default: the recipe's steps.")
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--eval-max-new-tokens", type=int, default=None)
+    parser.add_argument("--table", action="store_true", help="Only print the table of the rows run so far.")
+    parser.add_argument("--argmax", action="store_true", help="Also measure each DFlash 2 drafter without its "
+                                                                "selector walk (plain argmax).")
+    args = parser.parse_args()
+    if args.table:
+        print_table(args.work)
+        return
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from schemas import recipe
+    from schemas.sampling import SamplingParams
+    from trainer.data.prompts import load_prompts, split_prompts
+    from trainer.data.store import DataStore
+    from trainer.targets import load_target
+    from trainer.targets.bundled import resolve_target_path
+    from trainer.targets.chat import choose_mask_token_id
+    from trainer.validation import VALIDATION_MAX_NEW_TOKENS
+    from trainer.validation.replay import greedy_references, load_references, save_references
+
+    args.steps = args.steps or recipe.TRAIN_STEPS
+    args.block_size = args.block_size or recipe.BLOCK_SIZE
+    target = load_target(resolve_target_path(args.target))
+    store = DataStore.open(args.data)
+    _, holdout = split_prompts(load_prompts(), recipe.HOLDOUT_SHARE)
+    assert not set(p.id for p in holdout) & set(store.meta["prompt_ids"]), "held-out prompts in the training data"
+    references_dir = args.work / "references"
+
+    def references():
+        """The target's greedy output on every held-out prompt, decoded once and shared by every row (and
+        by concurrent study processes on the same --work)."""
+        if not (references_dir / "references.json").is_file():
+            started = time.perf_counter()
+            decoded = greedy_references(target, holdout, SamplingParams(),
+                                        args.eval_max_new_tokens or VALIDATION_MAX_NEW_TOKENS,
+                                        store.meta["tap_layer_ids"])
+            save_references(decoded, references_dir)
+            print(f"references: {len(decoded)} held-out prompts decoded in {time.perf_counter() - started:.0f} s",
+                  flush=True)
+        return load_references(references_dir)
+
+    mask_token_id, _ = choose_mask_token_id(target.tokenizer, target.vocab_size)
+    todo = [(name, *ROWS[name][1:]) for name in filter(None, args.rows.split(","))]
+    if args.adhoc:
+        name, drafter_part, train_part = args.adhoc.split(":")
+        todo.append((name, parse_overrides(drafter_part), parse_overrides(train_part)))
+    for name, drafter_overrides, train_overrides in todo:
+        row = run_row(name, drafter_overrides, train_overrides, args, target, store, references, mask_token_id)
+        args.work.mkdir(parents=True, exist_ok=True)
+        with (args.work / "results.jsonl").open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        print(f"{name}: tau {row['tau']} {row['tau_ci95']} per-position {row['per_position'][:4]} "
+              f"argmax {row.get('tau_argmax')} cpu/step {row['cpu_s_per_step']}", flush=True)
+    print_table(args.work)
+
+
+if __name__ == "__main__":
+    main()

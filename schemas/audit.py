@@ -1,0 +1,85 @@
+"""A drift audit request: which drafter, against which target checkpoint, on which prompts, judged by which
+thresholds. Pure pydantic, like the job spec: the API validates a body with it (`POST /v1/audits`), the CLI
+builds one from its flags (`draftsmith audit`), and the worker and the trainer read the very same object.
+
+    {"drafter": "drf_01J...", "target": {"uri": "hf://acme/support-llama@v4"}}
+
+Defaults: for a drafter of the organisation (`drf_...`) the audit measures on the prompts, sampling parameters
+and validation settings of the job that trained it (so auditing it against its own target reproduces its
+validation tau), and compares with that tau; for a drafter URI, the built-in prompts' hold-out and greedy
+decoding, compared with the tau of a report.json beside the drafter if there is one. Thresholds: the request's,
+else the organisation's (`PUT /v1/audit-thresholds`), else the defaults below.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from schemas import recipe
+from schemas.job_spec import DataSpec, StrictModel, TargetSpec, ValidationSpec, _file_roots, check_drafter_ref
+from schemas.sampling import SamplingParams
+
+KEEP_MIN_GAIN_RATIO = 0.9
+"""Keep a drafter that still has this share of its acceptance gain (tau - 1) on the new target."""
+WARM_START_MIN_GAIN_RATIO = 0.25
+"""Warm-start from a drafter that keeps at least this share; below it, retrain."""
+AUDIT_ACTIONS = ("keep", "warm_start", "retrain")
+
+
+class AuditThresholds(StrictModel):
+    """When an audit says keep, warm start or retrain (trainer/audit.py `recommend`):
+
+    gain ratio = (tau on the new target - 1) / (reference tau - 1);
+    keep at >= keep_min_gain_ratio (and tau >= min_tau, if set, and an unchanged target fingerprint),
+    warm_start at >= warm_start_min_gain_ratio, retrain below (or when the lossless check fails)."""
+
+    keep_min_gain_ratio: float = Field(default=KEEP_MIN_GAIN_RATIO, ge=0.0, le=2.0)
+    warm_start_min_gain_ratio: float = Field(default=WARM_START_MIN_GAIN_RATIO, ge=0.0, le=2.0)
+    min_tau: float | None = Field(default=None, ge=1.0, le=64.0,
+                                  description="An absolute floor for keep (the only rule when no reference tau is known).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AuditThresholds:
+        if self.warm_start_min_gain_ratio > self.keep_min_gain_ratio:
+            raise ValueError(f"warm_start_min_gain_ratio ({self.warm_start_min_gain_ratio}) must not exceed "
+                             f"keep_min_gain_ratio ({self.keep_min_gain_ratio})")
+        return self
+
+
+class AuditSpec(StrictModel):
+    """One audit. Unset sections are resolved when the audit is admitted (see the module docstring)."""
+
+    drafter: str = Field(
+        max_length=2048,
+        description="A drafter of your organisation (`drf_...`) or the URI of a drafter directory / exported "
+        "artifact folder: hf://org/name[@revision], s3://bucket/prefix, file:///path.",
+    )
+    target: TargetSpec = Field(description="The (new) target checkpoint to measure the drafter against.")
+    sampling: SamplingParams | None = Field(default=None, description="Default: the drafter's job's, else greedy.")
+    data: DataSpec | None = Field(default=None, description="Prompts: the hold-out of this source is measured. "
+                                  "Default: the drafter's job's, else the built-in set.")
+    validation: ValidationSpec | None = Field(default=None, description="Prompts measured, tokens per prompt, "
+                                              "sampling-test draws. Default: the drafter's job's, else the recipe's.")
+    thresholds: AuditThresholds | None = Field(default=None, description="Default: the organisation's.")
+    reference_tau: float | None = Field(
+        default=None, ge=1.0, le=64.0,
+        description="The drafter's tau on its own target, to compare with. Default: its recorded validation tau.")
+
+    @field_validator("drafter")
+    @classmethod
+    def _valid_ref(cls, value: str, info: ValidationInfo) -> str:
+        return check_drafter_ref(value, _file_roots(info))
+
+
+def resolved(spec: AuditSpec, *, sampling: SamplingParams | None = None, data: DataSpec | None = None,
+             validation: ValidationSpec | None = None, thresholds: AuditThresholds | None = None,
+             reference_tau: float | None = None) -> AuditSpec:
+    """The spec with every unset section filled from the given defaults (the drafter's job's, the organisation's),
+    then the recipe's."""
+    return spec.model_copy(update={
+        "sampling": spec.sampling or sampling or SamplingParams(),
+        "data": spec.data or data or DataSpec(),
+        "validation": spec.validation or validation or ValidationSpec(prompts=recipe.VALIDATION_PROMPTS),
+        "thresholds": spec.thresholds or thresholds or AuditThresholds(),
+        "reference_tau": spec.reference_tau if spec.reference_tau is not None else reference_tau,
+    })

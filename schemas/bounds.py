@@ -1,0 +1,148 @@
+"""Bounds every value must respect before anything stores or acts on it: shared by the API (admission),
+the worker and the trainer, so all of them accept exactly the same inputs.
+
+- integers fit a signed 64-bit column (`Int64`, `NonNegativeInt64`); ids that index tensors fit 32 bits;
+- text carries no control characters (NUL, escape sequences, C1) nor lone surrogates, which PostgreSQL
+  cannot store and terminals and logs misread (`SingleLineText`, `MultilineText`, `check_text`);
+- JSON is UTF-8, at most `MAX_JSON_DEPTH` levels deep, without NaN/Infinity and without integer literals
+  of more than `MAX_JSON_INT_DIGITS` digits (`loads_json`), checked before the parser could recurse or
+  build huge integers; the fields' own bounds then keep integers within 64 bits;
+- paths are compared with allowed roots after resolving symlinks (`resolved_path_within_roots`);
+- a target size used as a divisor lies in a plausible range (`plausible_target_parameters_billion`).
+
+Pure standard library + pydantic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1
+"""The trainer derives per-shard and per-epoch seeds by multiplying the job's seed; 32 bits keep those in
+the 64-bit range torch generators take."""
+MAX_JSON_DEPTH = 32
+MAX_JSON_INT_DIGITS = 40
+"""A job spec nests 4 levels; 32 leaves room for any honest body and stops recursion bombs."""
+TARGET_PARAMETERS_BILLION_RANGE = (0.001, 10_000.0)
+"""Target sizes an estimate accepts: 1M to 10T parameters. Outside it, the size is a typo (or a divisor of 0)."""
+
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+NonNegativeInt64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
+NonNegativeInt32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+# C0 controls, DEL, C1 controls and UTF-16 surrogates (a lone one cannot even be encoded as UTF-8).
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# The same, but tab, line feed and carriage return are allowed: prompts and system prompts are prose.
+_CONTROL_MULTILINE_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def find_control_character(value: str, *, multiline: bool = False) -> str | None:
+    """The first forbidden character of `value` as `U+XXXX`, or None."""
+    match = (_CONTROL_MULTILINE_RE if multiline else _CONTROL_RE).search(value)
+    return f"U+{ord(match.group()):04X}" if match else None
+
+
+def check_text(value: str, *, multiline: bool = False) -> str:
+    """Return `value`, or raise ValueError naming the first control character (for pydantic validators)."""
+    found = find_control_character(value, multiline=multiline)
+    if found:
+        allowed = "; tabs and line breaks are allowed" if multiline else ""
+        raise ValueError(f"must not contain control characters (found {found}){allowed}")
+    return value
+
+
+SingleLineText = Annotated[str, AfterValidator(check_text)]
+MultilineText = Annotated[str, AfterValidator(lambda value: check_text(value, multiline=True))]
+
+
+class JsonInputError(ValueError):
+    """A body or line that is not acceptable JSON; the message says why."""
+
+
+_JSON_STRING_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET_RE = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth_exceeds(text: str, max_depth: int) -> bool:
+    """Whether arrays/objects in `text` nest deeper than `max_depth` (strings skipped; no parsing)."""
+    brackets = _NOT_BRACKET_RE.sub("", _JSON_STRING_RE.sub('""', text))
+    if len(brackets) <= max_depth:
+        return False
+    depth = 0
+    for char in brackets:
+        depth += 1 if char in "[{" else -1
+        if depth > max_depth:
+            return True
+    return False
+
+
+def _bounded_int(digits: str) -> int:
+    # Called by the parser with the literal's text, before any integer is built: a 5000-digit literal is
+    # refused here, while one that is merely too large for its field reaches the field's own bound, which
+    # names the field.
+    if len(digits.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise JsonInputError(f"a number has more than {MAX_JSON_INT_DIGITS} digits")
+    return int(digits)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise JsonInputError(f"the number {text[:24]} is too large")
+    return value
+
+
+def _no_constants(name: str) -> Any:
+    raise JsonInputError(f"{name} is not valid JSON; send a number or null")
+
+
+def loads_json(raw: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse JSON that is UTF-8, nested at most `max_depth` deep, free of NaN/Infinity and of huge integers.
+
+    Raises JsonInputError (a ValueError) with a message fit for the client.
+    """
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonInputError(f"not valid UTF-8 (byte {exc.start}); send UTF-8 JSON") from None
+    else:
+        text = raw
+    if json_depth_exceeds(text, max_depth):
+        raise JsonInputError(f"nested more than {max_depth} levels deep")
+    try:
+        return json.loads(text, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constants)
+    except json.JSONDecodeError as exc:
+        where = f"column {exc.colno}" if exc.lineno == 1 else f"line {exc.lineno} column {exc.colno}"
+        raise JsonInputError(f"malformed JSON: {exc.msg} at {where}") from None
+    except JsonInputError:
+        raise
+    except (ValueError, RecursionError) as exc:  # defence in depth: whatever else the parser refuses
+        raise JsonInputError(f"not acceptable JSON: {exc}"[:200]) from None
+
+
+def resolved_path_within_roots(path: str, roots: list[str] | tuple[str, ...]) -> bool:
+    """Whether `path`, after resolving symlinks and `..` (realpath), lies at or below one of `roots` (resolved
+    the same way). A symlink inside a root that points outside it is outside. Components that do not exist
+    yet are taken as written, so a path can be checked before it is created; check again when opening it."""
+    if any(os.path.normpath(root) == "/" for root in roots):
+        return True  # everything is below "/" (no filesystem access needed)
+    real = os.path.realpath(path)
+    for root in roots:
+        real_root = os.path.realpath(root)
+        if real_root == "/" or real == real_root or real.startswith(real_root.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def plausible_target_parameters_billion(value: float) -> bool:
+    low, high = TARGET_PARAMETERS_BILLION_RANGE
+    return math.isfinite(value) and low <= value <= high

@@ -1,0 +1,47 @@
+"""The default recipe: the one source of every default that a REST job, `draftsmith run`, the bench and
+the worker share, so the same inputs train the same drafter whichever way they arrive.
+
+Pure constants (no torch): `schemas/job_spec.py` uses them as field defaults, `trainer/training/config.py`
+and the CLI options read them, and `trainer/job_config.py` maps a JobSpec onto the trainer's settings.
+The values are the CPU main job's (SmolLM2-135M on 2 cores in ~20 minutes); scale steps on GPUs.
+"""
+
+from __future__ import annotations
+
+VARIANT = "dflash2"
+"""dflash2 (convolution taps + candidate selector) or dflash."""
+BLOCK_SIZE = 8
+"""Tokens per draft block: the anchor and B-1 drafted tokens."""
+NUM_LAYERS = 2
+"""Decoder layers of the drafter."""
+MAX_NEW_TOKENS = 128
+"""Tokens the target regenerates per training prompt."""
+HOLDOUT_SHARE = 0.11
+"""Share of the prompts held out for validation."""
+TRAIN_STEPS = 300
+"""Optimizer steps."""
+TRAIN_MAX_MINUTES: float | None = 12.0
+"""Wall-clock cap on training; a safety net sized for the default steps on 2 CPU cores (None: no cap)."""
+LEARNING_RATE = 2e-3
+"""Peak AdamW learning rate (warm-up, then cosine decay)."""
+BATCH_SIZE = 16
+"""Sequences per optimizer step (across all processes)."""
+ANCHORS_PER_SEQUENCE = 12
+"""Random draft blocks trained per sequence in one forward pass."""
+DRAFT_VOCAB_SIZE: int | None = None
+"""Tokens the trained drafter drafts among (the most frequent of the regenerated responses; verification
+always uses the full vocabulary). None: the whole vocabulary."""
+ZERO_STAGE = 2
+"""DeepSpeed ZeRO stage: 2, or 3 for drafters too large to replicate."""
+CHECKPOINT_EVERY = 200
+"""Optimizer steps between resumable checkpoints (one is always written at the end and on cancellation)."""
+SEED = 0
+"""Seed of every random choice (prompt split, sampling, initialisation, data order)."""
+VALIDATION_PROMPTS = 24
+"""Held-out prompts decoded by validation (greedy exact match, acceptance, timing)."""
+VALIDATION_MAX_NEW_TOKENS = 96
+"""Tokens generated per validation prompt."""
+SAMPLING_DRAWS = 300
+"""Draws of the speculative-sampling test, split evenly over its prompts."""
+SAMPLING_PROMPTS = 6
+"""Validation prompts the sampling test draws from (the first ones: one per category of the built-in set)."""

@@ -1,0 +1,160 @@
+"""`draftsmith run`: the service's job, run locally. Its flags (or `--spec job.json`, the very body `POST /v1/jobs`
+takes) become a JobSpec, and the JobSpec becomes the trainer's RunConfig through trainer/job_config.py, the
+same mapping the worker uses: the same inputs train the same drafter here and on the service."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from urllib.parse import unquote
+
+import click
+
+from schemas import recipe
+from trainer.cli import parse_layers, sampling_options, train_default, user_errors
+from trainer.errors import DraftsmithError
+
+
+def job_body(spec_file: Path | None, target: str | None, prompts: str | None, flags: dict) -> dict:
+    """The JobSpec body: `--spec`'s JSON (if any) with every flag given on the command line laid over it."""
+    body = json.loads(spec_file.read_text()) if spec_file else {}
+    if not isinstance(body, dict):
+        raise DraftsmithError(f"{spec_file} must hold a JSON object, the body of POST /v1/jobs")
+    if target is not None:
+        body["target"] = {**body.get("target", {}), "uri": target_uri(target)}
+    if prompts is not None:
+        body.setdefault("data", {})["source"] = "builtin" if prompts == "builtin" else Path(prompts).resolve().as_uri()
+    for dotted, value in flags.items():
+        if value is not None:
+            section, name = dotted.split(".")
+            body.setdefault(section, {})[name] = value
+    if "target" not in body:
+        raise DraftsmithError("give --target (a directory or a bundled name such as smollm2-135m) or --spec")
+    return body
+
+
+def target_uri(target: str) -> str:
+    """A CLI target (a bundled name, a directory or a URI) as the URI a JobSpec takes."""
+    from schemas.job_spec import BUNDLED_TARGETS
+
+    if target in BUNDLED_TARGETS:
+        return f"bundled:{target}"
+    if target.startswith(("bundled:", "file://", "hf://", "s3://")):
+        return target
+    return Path(target).resolve().as_uri()
+
+
+def local_path(uri: str, what: str) -> str:
+    """What the trainer opens for a spec URI: a bundled name or a local path. Remote sources are the service's."""
+    if uri == "builtin" or uri.startswith("bundled:"):
+        return uri.removeprefix("bundled:")
+    if uri.startswith("file://"):
+        return unquote(uri.removeprefix("file://"))
+    raise DraftsmithError(f"`draftsmith run` reads a local {what}; {uri!r} needs the service, which fetches hf://, "
+                          "s3:// and uploaded files: use `draftsmith submit` against a server (`draftsmith serve`)")
+
+
+def given_sampling(base: dict, options: dict) -> dict:
+    """The spec's sampling with the sampling flags typed on the command line laid over it (their defaults are
+    the spec's own, so an untyped flag changes nothing)."""
+    from click.core import ParameterSource
+
+    context = click.get_current_context()
+    typed = {name: value for name, value in options.items()
+             if context.get_parameter_source(name) is ParameterSource.COMMANDLINE}
+    sampling = dict(base)
+    chat_template = dict(sampling.get("chat_template", {}))
+    for name in ("enable_thinking", "system_prompt"):
+        if name in typed:
+            chat_template[name] = typed.pop(name)
+    if chat_template:
+        sampling["chat_template"] = chat_template
+    return {**sampling, **typed}
+
+
+def parse_spec(body: dict):
+    from pydantic import ValidationError
+
+    from schemas.job_spec import JobSpec
+
+    try:  # a local user may name any directory of their own
+        return JobSpec.model_validate(body, context={"allowed_file_roots": ["/"]})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"]) or "spec"
+        raise DraftsmithError(f"{field}: {error['msg']}") from None
+
+
+@click.command()
+@click.option("--target", "target_spec", default=None, help="Target directory, bundled name (smollm2-135m) or URI.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True)
+@click.option("--spec", "spec_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
+              help="A job spec (the JSON body of POST /v1/jobs); flags given here override its fields.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run in --out, skipping finished stages.")
+@click.option("--prompts", default=None, help="builtin (default) or a .jsonl/.parquet prompts file.")
+@click.option("--num-prompts", type=int, default=None, help="Prompts drawn from the source, hold-out included (default all).")
+@click.option("--holdout", type=float, default=None, help=f"Hold-out share (default {recipe.HOLDOUT_SHARE}).")
+@click.option("--variant", type=click.Choice(["dflash2", "dflash"]), default=None, help=f"Default {recipe.VARIANT}.")
+@click.option("--num-layers", type=int, default=None, help=f"Drafter layers (default {recipe.NUM_LAYERS}).")
+@click.option("--block-size", type=int, default=None, help=f"Default {recipe.BLOCK_SIZE}.")
+@click.option("--target-layers", default=None, help="Comma-separated target layer ids to tap (default: the rule).")
+@click.option("--mask-token-id", type=int, default=None)
+@click.option("--steps", type=int, default=None, help=f"Training steps (default {recipe.TRAIN_STEPS}).")
+@click.option("--train-minutes", type=float, default=None,
+              help=f"Training time limit; stops with a checkpoint (default {recipe.TRAIN_MAX_MINUTES}).")
+@click.option("--batch-size", type=int, default=None, help=f"Default {recipe.BATCH_SIZE}.")
+@click.option("--anchors", "anchors_per_sequence", type=int, default=None,
+              help=f"Default {recipe.ANCHORS_PER_SEQUENCE}.")
+@click.option("--lr", type=float, default=None, help=f"Default {recipe.LEARNING_RATE}.")
+@click.option("--zero-stage", type=click.Choice(["2", "3"]), default=None, help=f"Default {recipe.ZERO_STAGE}.")
+@click.option("--allow-pickle", is_flag=True, default=None, help="Accept pickle (*.bin) target weights.")
+@click.option("--init", type=click.Choice(["target", "random"]), default=train_default("init"), show_default=True)
+@click.option("--nproc", default=1, show_default=True, help="Training processes (CPU: gloo; GPU: one per device).")
+@click.option("--generation-batch-size", default=32, show_default=True)
+@click.option("--validation-prompts", type=int, default=None, help=f"Default {recipe.VALIDATION_PROMPTS}.")
+@click.option("--validation-max-new-tokens", type=int, default=None,
+              help=f"Default {recipe.VALIDATION_MAX_NEW_TOKENS}.")
+@click.option("--sampling-draws", type=int, default=None, help=f"Default {recipe.SAMPLING_DRAWS}.")
+@sampling_options
+@user_errors
+def run(target_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, variant, num_layers, block_size,
+        target_layers, mask_token_id, steps, train_minutes, batch_size, anchors_per_sequence, lr, zero_stage,
+        allow_pickle, init, nproc, generation_batch_size, validation_prompts, validation_max_new_tokens,
+        sampling_draws, **sampling) -> None:
+    """Train, prove and package a drafter end to end: prepare, generate, train, validate, export."""
+    from trainer.job_config import run_config_from_spec
+    from trainer.pipeline import Launch, Run
+    from trainer.run_progress import RunProgress
+
+    layers = parse_layers(target_layers)
+    flags = {
+        "data.count": num_prompts, "data.holdout_share": holdout, "drafter.variant": variant,
+        "drafter.num_layers": num_layers, "drafter.block_size": block_size,
+        "drafter.target_layer_ids": list(layers) if layers else None, "drafter.mask_token_id": mask_token_id,
+        "training.max_steps": steps, "training.max_minutes": train_minutes, "training.batch_size": batch_size,
+        "training.anchors_per_sequence": anchors_per_sequence, "training.learning_rate": lr,
+        "training.zero_stage": int(zero_stage) if zero_stage else None, "target.allow_pickle": allow_pickle,
+        "validation.prompts": validation_prompts, "validation.max_new_tokens": validation_max_new_tokens,
+        "validation.sampling_draws": sampling_draws,
+    }
+    body = job_body(spec_file, target_spec, prompts, flags)
+    body["sampling"] = given_sampling(body.get("sampling", {}), sampling)
+    spec = parse_spec(body)
+    config = run_config_from_spec(spec, target=local_path(spec.target.uri, "target"),
+                                  prompts=local_path(spec.data.source, "prompts file"))
+    # Knobs of this machine's run rather than of the job (the service uses their defaults too).
+    # (a warm start, `init.from_drafter` in --spec, is the job's own choice and keeps its init)
+    config = dataclasses.replace(config, train=config.train.replace(init=config.train.init
+                                                                    if config.train.parent_drafter else init),
+                                 generation_batch_size=generation_batch_size)
+    with RunProgress() as progress:
+        state = Run(config, out_dir, progress, Launch(nproc=nproc)).execute(resume=resume)
+    report = json.loads((Path(out_dir) / "report.json").read_text())
+    click.echo(json.dumps({
+        "out": str(out_dir), "minutes": round(sum(s["seconds"] for s in state["stages"].values()) / 60, 1),
+        "tau": report["tau"], "greedy_mismatches": report["lossless"]["greedy"]["mismatches"],
+        "sampling_p_value": round(report["lossless"]["sampling"]["p_value"], 4),
+        "speedup": report["speedup"]["ratio"], "recommended_block_size": report["recommended_block_size"],
+    }, indent=2))
+    click.echo(f"report: {Path(out_dir) / 'report.html'}")  # the same figures as charts; opens from disk

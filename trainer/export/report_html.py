@@ -1,0 +1,225 @@
+"""report.html: the validation report and the training curves as one page that opens from disk.
+
+`export_artifacts` writes it beside report.json. Everything it needs is inside the file: the chart
+library (uPlot) and the chart code are inlined from `draftsmith/static/` (one copy, shared with the
+web dashboard; see the README there for why that folder), the data is an inline JSON block, and a
+Content-Security-Policy forbids any network access, so the page renders the same offline, from an
+e-mail attachment or from object storage.
+
+The headline figures are written as HTML here, so they read without JavaScript; the script only
+draws the charts. report.json gains keys over time (and older ones lack some): every key is read
+with a default and a missing one shows as "–", never as an error.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trainer.atomic import atomic_write_bytes
+
+MAX_METRIC_RECORDS = 1000  # enough points for a smooth curve; a 100k-step run stays a small file
+_METRIC_KEYS = ("step", "loss", "ce", "accuracy_per_position", "train_tau_estimate")
+_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+
+
+def _static(name: str) -> str:
+    text = (resources.files("draftsmith") / "static" / name).read_text(encoding="utf-8")
+    if "</script" in text.lower() or "</style" in text.lower():  # would end the inline element early
+        raise ValueError(f"draftsmith/static/{name} cannot be inlined: it contains a closing script/style tag")
+    return text
+
+
+def _finite(value: Any) -> Any:
+    """JSON-safe copy: NaN and infinities (a diverged loss, an undefined p-value) become null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(key): _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def read_metric_records(path: str | Path | None, limit: int = MAX_METRIC_RECORDS) -> list[dict]:
+    """The curves' inputs from metrics.jsonl: evenly strided down to `limit` records, the last kept."""
+    if path is None or not Path(path).is_file():
+        return []
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line of an interrupted run: the curve simply ends earlier
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append({key: record[key] for key in _METRIC_KEYS if key in record})
+    if len(records) > limit:
+        stride = math.ceil(len(records) / limit)
+        records = records[::stride] + ([records[-1]] if (len(records) - 1) % stride else [])
+    return records
+
+
+def _get(mapping: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(mapping, dict):
+            return None
+        mapping = mapping.get(key)
+    return mapping
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _num(value: Any, digits: int = 3, suffix: str = "") -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return "–"
+    return f"{round(value, digits):g}{suffix}"
+
+
+def _e(value: Any) -> str:
+    return html.escape("–" if value is None else str(value))
+
+
+def _verdict(passed: Any) -> str:
+    if passed is True:
+        return '<span class="ok">passed</span>'
+    if passed is False:
+        return '<span class="bad">FAILED</span>'
+    return "–"
+
+
+def _summary(report: dict) -> str:
+    speed = _dict(_get(report, "speedup"))
+    greedy = _dict(_get(report, "lossless", "greedy"))
+    sampling = _dict(_get(report, "lossless", "sampling"))
+    # Keys are strings once report.json has been through JSON, ints straight from validate().
+    speedups = {str(k): v for k, v in _dict(_get(report, "estimated_speedup_by_block_size")).items()}
+    recommended = report.get("recommended_block_size")
+    recommended_speedup = speedups.get(str(recommended))
+    tau, oracle = report.get("tau"), report.get("oracle_tau")
+    headroom = (f"headroom +{_num(oracle - tau)} with a perfect choice among the drafter's top-K"
+                if _num(tau) != "–" and _num(oracle) != "–" else "gold token anywhere in the drafter's top-K")
+    cards = [
+        ("τ (mean acceptance length)", _num(report.get("tau")), f"block size {_e(report.get('block_size'))}"),
+        ("oracle τ", _num(report.get("oracle_tau")), headroom),
+        ("measured speedup", _num(speed.get("ratio"), 3, "×"),
+         f"{_num(speed.get('ar_tokens_per_s'), 1)} → {_num(speed.get('spec_tokens_per_s'), 1)} tokens/s"),
+        ("recommended block size", _e(recommended),
+         f"draft length {_e(recommended - 1) if isinstance(recommended, int) else '–'}, "
+         f"estimated {_num(recommended_speedup, 3, '×')}"),
+        ("greedy mismatches", _e(greedy.get("mismatches")), f"over {_e(greedy.get('prompts'))} prompts"),
+        ("sampling test", f"p = {_num(sampling.get('p_value'), 4)}",
+         f"{_e(sampling.get('draws'))} draws, α = {_e(sampling.get('alpha'))}"),
+    ]
+    return "\n".join(
+        f'<div class="card"><div class="label">{_e(label)}</div><div class="value" data-figure="{_e(label)}">'
+        f'{value}</div><div class="sub">{sub}</div></div>'
+        for label, value, sub in cards
+    )
+
+
+def _lossless(report: dict) -> str:
+    greedy = _dict(_get(report, "lossless", "greedy"))
+    sampling = _dict(_get(report, "lossless", "sampling"))
+    divergence = greedy.get("first_divergence")
+    rows = [
+        ("verdict", _verdict(report.get("passed"))),
+        ("greedy exact match", f"{_e(greedy.get('mismatches'))} mismatches over {_e(greedy.get('prompts'))} prompts"),
+        ("first divergence", _e(json.dumps(divergence)) if divergence else "none"),
+        ("sampling test", f"{_verdict(sampling.get('passed'))}: p = {_num(sampling.get('p_value'), 4)} "
+                          f"(α {_e(sampling.get('alpha'))}, {_e(sampling.get('draws'))} draws, "
+                          f"{_e(sampling.get('cells'))} cells, T = {_e(sampling.get('temperature'))})"),
+        ("method", _e(sampling.get("test"))),
+        ("speed measured with", _e(_get(report, "speedup", "decoding"))),
+    ]
+    return "\n".join(f"<tr><th scope=\"row\">{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
+
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0; color: #1a1f24; background: #f5f6f8; }
+header { background: #14324f; color: #fff; padding: 1rem 1.5rem; }
+header h1 { margin: 0; font-size: 1.4rem; } header p { margin: 0.25rem 0 0; color: #dce6f0; }
+main { max-width: 1100px; margin: 0 auto; padding: 1rem 1.5rem 3rem; }
+h2 { font-size: 1.15rem; margin: 1.5rem 0 0.75rem; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(200px, 1fr)); gap: 0.75rem; }
+.card { background: #fff; border: 1px solid #d0d4da; border-radius: 6px; padding: 0.75rem; }
+.card .label { font-size: 0.85rem; color: #4a525c; } .card .value { font-size: 1.5rem; font-weight: 600; margin: 0.2rem 0; }
+.card .sub { font-size: 0.85rem; color: #4a525c; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 0 1rem; }
+table.facts { border-collapse: collapse; background: #fff; width: 100%; }
+table.facts th, table.facts td { border: 1px solid #d0d4da; padding: 0.4rem 0.6rem; text-align: left; vertical-align: top; }
+table.facts th { width: 12rem; background: #f0f2f5; }
+.ok { color: #0a6b2f; font-weight: 600; } .bad { color: #a4000f; font-weight: 600; }
+pre { background: #fff; border: 1px solid #d0d4da; padding: 0.75rem; overflow: auto; }
+"""
+
+BOOT = """
+(function () {
+  var data = JSON.parse(document.getElementById("ds-report-data").textContent);
+  var C = window.DraftsmithCharts, run = [{ label: "this drafter", report: data.report || {} }];
+  var training = C.trainingFromRecords(data.metrics || []);
+  C.lossCurve(document.getElementById("training-loss"), training);
+  C.positionAccuracyCurves(document.getElementById("training-positions"), training);
+  C.acceptanceByPosition(document.getElementById("acceptance-position"), run);
+  C.acceptanceByCategory(document.getElementById("acceptance-category"), run);
+  C.speedupByBlockSize(document.getElementById("speedup-block"), data.report || {});
+  document.body.setAttribute("data-charts", "drawn");
+})();
+"""
+
+
+def render_report_html(report: dict | None, metrics: list[dict], *, title: str = "Draftsmith drafter report") -> str:
+    """The whole page as a string; `report` is report.json (or None), `metrics` its training records."""
+    report = _finite(report) if isinstance(report, dict) else {}
+    # "<" escaped so no value can close the <script> element the data sits in.
+    data = json.dumps({"report": report, "metrics": _finite(metrics)}, allow_nan=False, default=str).replace("<", "\\u003c")
+    sampling = json.dumps(report.get("sampling_parameters", {}), indent=2)
+    summary = _summary(report) if report else "<p>This export has no validation report.</p>"
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{_CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(title)}</title>
+<style>{_static("vendor/uPlot.min.css")}</style>
+<style>{_static("charts.css")}{STYLE}</style>
+</head>
+<body>
+<header><h1>{_e(title)}</h1><p>Validation on held-out prompts and the training curves of this drafter.
+Written by <code>draftsmith export</code>; opens offline.</p></header>
+<main>
+<h2>Summary</h2>
+<div class="cards">{summary}</div>
+<h2>Acceptance</h2>
+<div class="grid"><div id="acceptance-position"></div><div id="acceptance-category"></div></div>
+<h2>Lossless</h2>
+<table class="facts"><tbody>{_lossless(report)}</tbody></table>
+<h2>Speed</h2>
+<div class="grid"><div id="speedup-block"></div></div>
+<h2>Training</h2>
+<div class="grid"><div id="training-loss"></div><div id="training-positions"></div></div>
+<h2>Sampling parameters</h2>
+<pre>{_e(sampling)}</pre>
+</main>
+<script>{_static("vendor/uPlot.iife.min.js")}</script>
+<script>{_static("charts.js")}</script>
+<script type="application/json" id="ds-report-data">{data}</script>
+<script>{BOOT}</script>
+</body>
+</html>
+"""
+
+
+def write_report_html(out_dir: str | Path, report: dict | None, metrics_file: str | Path | None, *,
+                      title: str = "Draftsmith drafter report") -> Path:
+    """Write OUT/report.html atomically and return its path."""
+    path = Path(out_dir) / "report.html"
+    page = render_report_html(report, read_metric_records(metrics_file), title=title)
+    atomic_write_bytes(path, page.encode("utf-8"))
+    return path

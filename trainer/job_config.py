@@ -1,0 +1,63 @@
+"""One mapping from the API's JobSpec to the trainer's RunConfig: every spec field that shapes the ML work
+reaches the trainer here, and nowhere else. The worker and `draftsmith run` both build their RunConfig with
+`run_config_from_spec`, so the same inputs train the same drafter however the job arrived.
+
+The spec's URIs (target, data source) are the caller's to fetch: it passes the local paths it resolved.
+Publishing destinations and labels are the service's business, not the trainer's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import unquote
+
+from schemas.job_spec import JobSpec
+from trainer.errors import DraftsmithError
+from trainer.pipeline import RunConfig
+from trainer.training.config import WARM_START_PREFIX, TrainConfig
+
+
+def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin",
+                         parent_drafter: str | None = None) -> RunConfig:
+    """`target`: the local target directory (or bundled name) resolved from spec.target.uri; `prompts`:
+    `builtin` or the local prompts file resolved from spec.data.source; `parent_drafter`: the local drafter
+    directory resolved from spec.init.from_drafter (a file:// URI is read in place when none is given)."""
+    training = spec.training
+    warm_start = {}
+    if spec.init is not None:
+        warm_start["init"] = WARM_START_PREFIX + drafter_dir(parent_drafter or _local(spec.init.from_drafter))
+    return RunConfig(
+        target=target,
+        sampling=spec.sampling,
+        prompts=prompts,
+        num_prompts=spec.data.count,
+        holdout=spec.data.holdout_share,
+        variant=spec.drafter.variant,
+        num_layers=spec.drafter.num_layers,
+        block_size=spec.drafter.block_size,
+        target_layer_ids=tuple(spec.drafter.target_layer_ids) if spec.drafter.target_layer_ids else None,
+        mask_token_id=spec.drafter.mask_token_id,
+        allow_pickle=spec.target.allow_pickle,
+        trust_remote_code=spec.target.trust_remote_code,
+        train=TrainConfig(steps=training.max_steps, max_minutes=training.max_minutes, lr=training.learning_rate,
+                          batch_size=training.batch_size, anchors_per_sequence=training.anchors_per_sequence,
+                          zero_stage=training.zero_stage, checkpoint_every=training.checkpoint_every,
+                          seed=spec.sampling.seed, **warm_start),
+        validation_prompts=spec.validation.prompts,
+        validation_max_new_tokens=spec.validation.max_new_tokens,
+        sampling_draws=spec.validation.sampling_draws,
+    )
+
+
+def drafter_dir(path: str) -> str:
+    """A drafter directory, or the drafter/ inside an exported artifact folder (what `draftsmith run`, the service
+    and publishing write)."""
+    nested = Path(path) / "drafter"
+    return str(nested) if (nested / "config.json").is_file() and not (Path(path) / "config.json").is_file() else path
+
+
+def _local(reference: str) -> str:
+    if reference.startswith("file://"):
+        return unquote(reference.removeprefix("file://"))
+    raise DraftsmithError(f"init.from_drafter {reference!r} is fetched by the service; locally, give a drafter "
+                          "directory as file:///path (or submit the job with `draftsmith submit`)")
