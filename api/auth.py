@@ -118,18 +118,22 @@ def authenticate(session: Session, settings: Settings, authorization: str | None
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthenticated("the Authorization header must be `Bearer <api key>`")
-    if not token.startswith(KEY_PREFIX) or len(token) > 200:
+    if not token.startswith(KEY_PREFIX) or len(token) > 200 or not token.isascii() or not token.isprintable():
+        # Keys are printable ASCII; anything else (a header decoded as Latin-1, a control character) is not
+        # ours, and hmac.compare_digest refuses non-ASCII text.
         raise Unauthenticated("that is not a Draftsmith API key (keys start with dsk_)")
     if settings.development and hmac.compare_digest(token, settings.dev_api_key.get_secret_value()):
-        key: ApiKey | None = _ensure_dev_key(session, settings, token)
-    else:
-        key = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(token, settings)))
-    if key is None or key.revoked_at is not None:
+        _ensure_dev_key(session, settings, token)
+    # One round trip for the key and its organisation: this runs on every request.
+    row = session.execute(
+        select(ApiKey, Organisation.name).join(Organisation, Organisation.id == ApiKey.org_id)
+        .where(ApiKey.key_hash == hash_key(token, settings))
+    ).first()
+    if row is None or row[0].revoked_at is not None:
         raise Unauthenticated("unknown or revoked API key")
-    org = session.get(Organisation, key.org_id)
-    assert org is not None
+    key, org_name = row
     now = utcnow()
     if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
         session.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
         session.commit()
-    return Principal(org_id=org.id, org_name=org.name, key_id=key.id, scopes=frozenset(key.scopes.split(",")))
+    return Principal(org_id=key.org_id, org_name=org_name, key_id=key.id, scopes=frozenset(key.scopes.split(",")))

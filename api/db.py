@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +42,38 @@ def _configure_sqlite(dbapi_connection: sqlite3.Connection, _record: Any) -> Non
     cursor.close()
 
 
-def create_db_engine(database_url: str, *, echo: bool = False) -> Engine:
+@dataclass(frozen=True)
+class PoolLimits:
+    """Connections an engine keeps (`size`), may open beyond them (`overflow`), and how long a checkout waits
+    before failing (`timeout_seconds`). The API sizes them from its thread count (`Settings.pool_limits`)."""
+
+    size: int = 10
+    overflow: int = 20
+    timeout_seconds: float = 30.0
+    # A ping per checkout finds connections a database restart left dead, for one round trip each time.
+    # Without it, the first use of a dead connection fails (and SQLAlchemy then replaces the whole pool).
+    pre_ping: bool = True
+
+
+def create_db_engine(
+    database_url: str, *, echo: bool = False, null_pool: bool = False, limits: PoolLimits | None = None
+) -> Engine:
+    """`null_pool`: a connection per use, none kept (a background thread of a process that forks children)."""
     url = normalize_database_url(database_url)
+    limits = limits or PoolLimits()
+    pooling: dict[str, Any] = {"poolclass": pool.NullPool} if null_pool else {}
+    if not null_pool and url.database not in (None, "", ":memory:"):
+        pooling = {"pool_size": limits.size, "max_overflow": limits.overflow, "pool_timeout": limits.timeout_seconds}
+    # hide_parameters: a failed statement's bound values (webhook secrets, key hashes, credentials) never
+    # reach exception messages, and so never the logs.
+    common: dict[str, Any] = {"echo": echo, "hide_parameters": True}
     if url.get_backend_name() == "sqlite":
         _ensure_sqlite_directory(database_url)
         # timeout: wait for the write lock instead of failing at once when the worker is writing.
-        engine = create_engine(url, echo=echo, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **common, **pooling)
         event.listen(engine, "connect", _configure_sqlite)
         return engine
-    return create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=limits.pre_ping and not null_pool, **common, **pooling)
 
 
 def create_session_factory(engine: Engine) -> sessionmaker[Session]:

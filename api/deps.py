@@ -3,22 +3,33 @@
 Services (engine, queue, storage) are built on first use rather than at import, so importing
 `api.main` reads no settings and opens no connection; the same app object then serves under
 uvicorn, TestClient or schemathesis' ASGI transport, with or without a lifespan run.
+
+Database sessions hold a connection only while a thread works on the request: authentication uses a
+session of its own, closed before the body is read; the route's session closes when the route function
+returns, before the response is sent. Authentication, GET routes and SSE polls only read, so their
+sessions are in autocommit mode: no BEGIN/ROLLBACK round trips (each statement sees the latest commit,
+as in PostgreSQL's READ COMMITTED transactions anyway). Connections in use therefore never outnumber the worker threads (plus teardowns in progress),
+and the pool is sized from the same setting (`pool_limits`), so no thread ever waits for a connection
+that a request waiting for a thread is holding (the deadlock behind "QueuePool limit reached" under
+load). Cheap dependencies are `async def`: no thread hop for them.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth import Principal, authenticate
-from api.db import create_db_engine, create_session_factory
+from api.db import PoolLimits, create_db_engine, create_session_factory
 from api.queue import CeleryQueue, RecordingQueue, queue_from_settings
 from api.settings import Settings, load_settings
 from api.storage import LocalStorage, S3Storage, storage_from_settings
@@ -31,20 +42,35 @@ class Services:
     session_factory: sessionmaker[Session]
     queue: RecordingQueue | CeleryQueue
     storage: LocalStorage | S3Storage
+    # Autocommit sessions for reads: authentication (a key lookup, at most a one-row update), GET routes and
+    # SSE polls. Round trips are what a request costs here.
+    read_session_factory: sessionmaker[Session] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Services:
-        engine = create_db_engine(settings.database_url, echo=settings.database_echo)
+        engine = create_db_engine(settings.database_url, echo=settings.database_echo, limits=pool_limits(settings))
         return cls(
             settings=settings,
             engine=engine,
             session_factory=create_session_factory(engine),
+            read_session_factory=create_session_factory(engine.execution_options(isolation_level="AUTOCOMMIT")),
             queue=queue_from_settings(settings),
             storage=storage_from_settings(settings),
         )
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def pool_limits(settings: Settings) -> PoolLimits:
+    """One connection per worker thread, and as many again for work outside the thread limit: FastAPI runs
+    each session's teardown on a thread of its own, and the webhook loop and readiness checks share the pool."""
+    threads = settings.api_worker_threads
+    # No ping per checkout: on this path round trips are the cost that matters (two checkouts a request).
+    # After a database restart the first request on a dead connection gets a 503 with Retry-After, and
+    # SQLAlchemy replaces the pool's connections.
+    return PoolLimits(size=threads, overflow=threads, timeout_seconds=settings.database_pool_timeout_seconds,
+                      pre_ping=False)
 
 
 _services_lock = threading.Lock()
@@ -62,30 +88,47 @@ def services_for(app: FastAPI) -> Services:
     return services
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
     return services_for(request.app)
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def get_settings(services: ServicesDep) -> Settings:
+async def get_settings(services: ServicesDep) -> Settings:
     return services.settings
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_session(services: ServicesDep) -> Iterator[Session]:
-    session = services.session_factory()
+def read_sessions(services: Services) -> sessionmaker[Session]:
+    return services.read_session_factory or services.session_factory
+
+
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+async def get_session(request: Request, services: ServicesDep) -> AsyncIterator[Session]:
+    # Creating a session does no I/O, so it needs no thread. Closing one does I/O only when a transaction is
+    # open (the rollback of anything the route did not commit): that runs on a thread outside the
+    # worker-thread limit, as FastAPI does for sync teardowns, so a request holding a connection never
+    # waits for a thread. A read session (autocommit) has nothing to roll back and closes right here.
+    read_only = request.method in READ_METHODS
+    session = (read_sessions(services) if read_only else services.session_factory)()
     try:
         yield session
     finally:
-        session.rollback()  # anything the route did not commit is discarded
-        session.close()
+        if session.in_transaction() and not (read_only and services.read_session_factory is not None):
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(session.close, limiter=anyio.CapacityLimiter(1))
+        else:
+            session.close()
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": closed (connection returned) when the route function returns, before the response is
+# sent, so a slow reader never pins a connection.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 # Declares the bearer scheme in OpenAPI; the header itself is checked by `authenticate`
 # so that every failure gets a problem+json body that says what to fix.
@@ -94,15 +137,17 @@ _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: 
 
 def get_principal(
     request: Request,
-    session: SessionDep,
-    settings: SettingsDep,
+    services: ServicesDep,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    return authenticate(session, settings, request.headers.get("authorization"))
+    # A session of its own, closed here: the connection goes back to the pool before the request waits for
+    # its body or for a thread for its route, whose session checks one out again.
+    with read_sessions(services)() as session:
+        return authenticate(session, services.settings, request.headers.get("authorization"))
 
 
 def _require(scope: str):  # noqa: ANN202 - returns a dependency callable
-    def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    async def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         principal.require(scope)
         return principal
 

@@ -16,7 +16,9 @@ import re
 from dataclasses import dataclass
 
 from api.schemas import EstimateOut, GpuEstimate
+from schemas.bounds import plausible_target_parameters_billion
 from schemas.job_spec import JobSpec
+from schemas.prompts import BUILTIN_PROMPT_COUNT
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,8 @@ def target_parameters(spec: JobSpec, override: float | None) -> tuple[float, str
         size = BUNDLED_PARAMS_B[spec.target.uri]
         return size, f"target size {size:g}B (bundled model)"
     match = _PARAMS_IN_NAME_RE.search(spec.target.uri.rsplit("/", 1)[-1])
-    if match:
-        size = float(match.group(1))
+    # A size the name states must be plausible: "0b" would divide by zero, "99999999b" overflow.
+    if match and plausible_target_parameters_billion(size := float(match.group(1))):
         return size, f"target size {size:g}B read from the model name; pass target_parameters_billion if wrong"
     return DEFAULT_TARGET_PARAMS_B, (
         f"target size unknown, assumed {DEFAULT_TARGET_PARAMS_B:g}B; pass target_parameters_billion for a better estimate"
@@ -67,7 +69,7 @@ def estimate_job(
     spec: JobSpec, *, gpu_class: str | None, gpu_count: int, target_parameters_billion: float | None
 ) -> EstimateOut:
     params_b, size_note = target_parameters(spec, target_parameters_billion)
-    prompts = spec.data.count
+    prompts = spec.data.count or BUILTIN_PROMPT_COUNT  # null: the whole source; the built-in set's size
     holdout = int(prompts * spec.data.holdout_share)
     max_new = spec.sampling.max_new_tokens
     tokens_to_generate = prompts * max_new
@@ -112,6 +114,7 @@ def estimate_job(
         assumptions=[
             size_note,
             "tokens_to_generate is an upper bound: every prompt answered to max_new_tokens",
+            f"data.count null counts the built-in set's {BUILTIN_PROMPT_COUNT} prompts; give data.count for another source",
             "throughput scales as 1/target size; table values are per GPU for a 1B target "
             + "; ".join(f"{g.name}: generate {g.generate_tokens_per_s_1b:g} tok/s, train "
                         f"{g.train_tokens_per_s_1b:g} drafter tok/s, ${g.price_per_hour_usd}/h" for g in classes),

@@ -27,7 +27,9 @@ EVENT_TYPES = (
     "stage.progress",
     "stage.finished",
     "stage.failed",
+    "stage.released",
     "artifact.created",
+    "publish.completed",
     "log",
 )
 EVENT_LEVELS = ("debug", "info", "warning", "error")

@@ -12,7 +12,6 @@ If enqueueing fails the committed job is marked failed (`enqueue_failed`) and ca
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 from collections import defaultdict
@@ -23,8 +22,9 @@ from sqlalchemy import exists, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from api.drafters import check_warm_start
 from api.events import append_event
-from api.models import Job, JobLabel, Organisation, PromptFile, StageRun, new_id, utcnow
+from api.models import Job, JobLabel, Organisation, PromptFile, Publication, StageRun, new_id, utcnow
 from api.problems import (
     FieldError,
     IdempotencyConflict,
@@ -36,9 +36,13 @@ from api.problems import (
     field_errors_from_pydantic,
 )
 from api.queue import CeleryQueue, RecordingQueue
-from api.schemas import JobError, JobOut, StageRunOut
+from api.redaction import redact_text
+from api.schemas import JobError, JobOut, PublicationOut, StageRunOut
+from api.secrets import check_referenced_secrets
 from api.settings import Settings
 from api.states import ACTIVE_STATUSES, STAGE_ORDER, JobStatus, Stage, transition
+from api.usage import check_quota
+from schemas.bounds import JsonInputError, loads_json
 from schemas.job_spec import JobSpec
 
 log = logging.getLogger("draftsmith.api")
@@ -49,8 +53,8 @@ JOB_ID_RE = re.compile(r"^job_[0-9A-Z]{26}$")
 def parse_job_spec(raw: bytes, settings: Settings) -> JobSpec:
     """Validate a request body as a JobSpec with this deployment's rules; errors name each field."""
     try:
-        body = json.loads(raw or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        body = loads_json(raw or b"null")  # bounded: depth, 64-bit numbers, no NaN, UTF-8 only
+    except JsonInputError as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}", errors=[FieldError(field="body", message=str(exc))])
     if not isinstance(body, dict):
         raise InvalidRequest(
@@ -151,6 +155,8 @@ def create_job(
             message = f"no uploaded file {spec.data.source!r} in your organisation; upload one with POST /v1/files"
             raise InvalidRequest(message, errors=[FieldError(field="data.source", message=message)])
 
+    check_referenced_secrets(session, org_id, spec)
+    check_warm_start(session, org_id, spec)  # another organisation's drafter: 404; another shape: 422
     org, active = _lock_org_and_count_active(session, org_id)  # before the idempotency lookup
     if idempotency_key is not None:
         existing = session.scalar(select(Job).where(Job.org_id == org_id, Job.idempotency_key == idempotency_key))
@@ -165,6 +171,7 @@ def create_job(
                 )
             return CreatedJob(existing, replayed=True)
     _refuse_if_full(org, active, settings)
+    check_quota(session, org, settings, what="job")
 
     job = Job(
         id=new_id("job_"), org_id=org_id, status=str(JobStatus.QUEUED), name=spec.name, spec=spec.model_dump(mode="json"),
@@ -185,19 +192,20 @@ def create_job(
         return CreatedJob(existing, replayed=True)
     append_event(session, job, "job.created", f"job created; target {spec.target.uri}")
     session.commit()
-    _enqueue_or_fail(session, queue, job)
+    _enqueue_or_fail(session, queue, job, Stage.PREPARE)
     return CreatedJob(job, replayed=False)
 
 
-def _enqueue_or_fail(session: Session, queue: RecordingQueue | CeleryQueue, job: Job) -> None:
+def _enqueue_or_fail(session: Session, queue: RecordingQueue | CeleryQueue, job: Job, stage: Stage | None) -> None:
     try:
-        queue.enqueue_job(job.id)
+        queue.enqueue_job(job.id, stage or Stage.PUBLISH)
     except Exception as exc:  # any broker error: the job exists but nobody will run it
         log.exception("could not enqueue %s", job.id)
         session.rollback()
         job = session.get(Job, job.id, populate_existing=True)
         assert job is not None
-        job.error_code, job.error_message, job.error_stage = "enqueue_failed", f"broker unavailable: {exc}"[:2000], None
+        message = f"broker unavailable: {redact_text(str(exc))}"[:2000]  # a broker URL may carry a password
+        job.error_code, job.error_message, job.error_stage = "enqueue_failed", message, None
         transition(session, job, JobStatus.FAILED, reason="could not hand the job to the broker")
         session.commit()
         raise ServiceUnavailable(
@@ -232,7 +240,9 @@ def resume_job(
             f"job {job.id} is {job.status}; only failed or cancelled jobs can be resumed",
             extra={"job_status": job.status},
         )
-    _refuse_if_full(*_lock_org_and_count_active(session, org_id), settings)
+    org, active = _lock_org_and_count_active(session, org_id)
+    _refuse_if_full(org, active, settings)
+    check_quota(session, org, settings, what="resume")
     resume_at = next_stage(session, job.id)
     previous_error = job.error_code
     job.error_code = job.error_message = job.error_stage = None
@@ -244,7 +254,7 @@ def resume_job(
         data={"resume_stage": str(resume_at) if resume_at else None, "previous_error": previous_error},
     )
     session.commit()
-    _enqueue_or_fail(session, queue, job)
+    _enqueue_or_fail(session, queue, job, resume_at)
     return job
 
 
@@ -263,10 +273,11 @@ def list_jobs(
 
 
 def jobs_to_out(session: Session, jobs: list[Job]) -> list[JobOut]:
-    """Build responses for many jobs with two extra queries in total (labels, stage runs)."""
+    """Build responses for many jobs with three extra queries in total (labels, stage runs, publications)."""
     ids = [job.id for job in jobs]
     labels: dict[str, dict[str, str]] = defaultdict(dict)
     runs: dict[str, list[StageRun]] = defaultdict(list)
+    publications: dict[str, list[Publication]] = defaultdict(list)
     if ids:
         for label in session.scalars(select(JobLabel).where(JobLabel.job_id.in_(ids))):
             labels[label.job_id][label.key] = label.value
@@ -274,6 +285,10 @@ def jobs_to_out(session: Session, jobs: list[Job]) -> list[JobOut]:
             select(StageRun).where(StageRun.job_id.in_(ids)).order_by(StageRun.started_at, StageRun.attempt)
         ):
             runs[run.job_id].append(run)
+        for publication in session.scalars(
+            select(Publication).where(Publication.job_id.in_(ids)).order_by(Publication.created_at)
+        ):
+            publications[publication.job_id].append(publication)
     result = []
     for job in jobs:
         job_runs = runs[job.id]
@@ -292,11 +307,13 @@ def jobs_to_out(session: Session, jobs: list[Job]) -> list[JobOut]:
                 else None,
                 cancel_requested=job.cancel_requested_at is not None,
                 resume_count=job.resume_count,
+                run_attempts=job.run_attempts,
                 created_at=job.created_at,
                 updated_at=job.updated_at,
                 started_at=job.started_at,
                 finished_at=job.finished_at,
                 stages=[StageRunOut.model_validate(run, from_attributes=True) for run in job_runs],
+                publications=[PublicationOut.model_validate(p, from_attributes=True) for p in publications[job.id]],
             )
         )
     return result

@@ -12,13 +12,17 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from api.admission import AdmissionControlMiddleware, configure_thread_limiter
+from api.dashboard import router as dashboard_router
 from api.deps import services_for
+from api.edge import JsonBodyMiddleware, refuse_control_characters
 from api.observability import ApiMetrics, BodySizeLimitMiddleware, RequestMetricsMiddleware
-from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
-from api.routes import files, health, job_data, jobs, webhooks
+from api.problems import PROBLEM_MEDIA_TYPE, UnhandledErrorMiddleware, install_problem_handlers
+from api.redaction import install_log_redaction, register_secret_values, secret_setting_values
+from api.routes import audits, drafters, files, health, job_data, jobs, secrets, usage, webhooks
 from api.settings import Settings
 from api.webhooks import dispatch_due_webhooks
 from draftsmith import __version__
@@ -50,6 +54,8 @@ async def _webhook_loop(app: FastAPI) -> None:
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     services = services_for(app)  # fail fast at startup on bad settings
+    configure_thread_limiter(services.settings)
+    register_secret_values(*secret_setting_values(services.settings))
     task = None
     if services.settings.webhook_dispatch_interval_seconds > 0:
         task = asyncio.create_task(_webhook_loop(app))
@@ -100,6 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        dependencies=[Depends(refuse_control_characters)],
         # One schema per model: JobSpec is both the request body and part of the Job response.
         separate_input_output_schemas=False,
         openapi_tags=[
@@ -107,11 +114,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             {"name": "job data", "description": "Events (SSE), metrics and artifacts of a job."},
             {"name": "files", "description": "Uploaded prompt files."},
             {"name": "webhooks", "description": "Signed notifications of job state changes (admin)."},
+            {"name": "secrets", "description": "Publishing credentials, stored encrypted, referenced by name (admin)."},
+            {"name": "audits", "description": "Drift audits: an existing drafter against a new target checkpoint."},
+            {"name": "drafters", "description": "Published drafters with their lineage and metrics."},
+            {"name": "usage", "description": "Compute and tokens used this month, and the organisation's quotas."},
             {"name": "health", "description": "Liveness, readiness and Prometheus metrics."},
         ],
     )
     if settings is not None:
         app.state.settings = settings
+    install_log_redaction()  # access-log query keys, Authorization values, dsk_/whsec_ secrets
     install_problem_handlers(app)
 
     def body_limit(path: str) -> int:
@@ -120,10 +132,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSON_BODY_LIMIT
 
     app.state.metrics = ApiMetrics(lambda: services_for(app))
+    # Outermost last. JSON bodies are received whole (JsonBodyMiddleware, within the size limit) before a
+    # request is admitted, so a client trickling its body in holds neither a slot nor a connection.
+    app.add_middleware(UnhandledErrorMiddleware)  # innermost: a 500 answered here keeps the connection
+    app.add_middleware(AdmissionControlMiddleware, settings_getter=lambda: services_for(app).settings)
+    app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, limit_for=body_limit)
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
-    for router in (jobs.router, job_data.router, files.router, webhooks.router, health.router):
+    for router in (jobs.router, job_data.router, files.router, webhooks.router, secrets.router, audits.router,
+                   drafters.router, usage.router, health.router):
         app.include_router(router)
+    app.include_router(dashboard_router)  # the web dashboard at / (not part of the OpenAPI document)
     _document_problems(app)
     return app
 

@@ -96,6 +96,12 @@ class Organisation(Base):
     name: Mapped[str] = mapped_column(String(100), unique=True)
     # None: the deployment default (settings.default_max_concurrent_jobs) applies.
     max_concurrent_jobs: Mapped[int | None] = mapped_column(Integer)
+    # Monthly quotas (UTC calendar month); None: the deployment default (settings.default_monthly_*) applies.
+    monthly_compute_seconds: Mapped[int | None] = mapped_column(BigInteger)
+    monthly_tokens_generated: Mapped[int | None] = mapped_column(BigInteger)
+    monthly_tokens_trained: Mapped[int | None] = mapped_column(BigInteger)
+    # The organisation's audit rule (schemas/audit.py AuditThresholds); None: the defaults.
+    audit_thresholds: Mapped[dict[str, Any] | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # Touched (UPDATE) to serialise job admission per organisation on both PostgreSQL and SQLite.
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -135,6 +141,8 @@ class Job(Base):
     error_stage: Mapped[str | None] = mapped_column(String(16))
     cancel_requested_at: Mapped[datetime | None]
     resume_count: Mapped[int] = mapped_column(default=0)
+    # Times a worker picked the job up (first delivery, redeliveries after a lost worker, retries).
+    run_attempts: Mapped[int] = mapped_column(default=0, server_default="0")
     # Last event sequence number; incremented under the job's row lock so events commit in order.
     event_seq: Mapped[int] = mapped_column(default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -175,6 +183,8 @@ class StageRun(Base):
     finished_at: Mapped[datetime | None]
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
+    # Refreshed by the worker while the attempt runs; a stale one means the worker is gone.
+    heartbeat_at: Mapped[datetime | None]
 
 
 class JobEvent(Base):
@@ -282,3 +292,105 @@ class WebhookAttempt(Base):
     error: Mapped[str | None] = mapped_column(String(500))
     duration_ms: Mapped[int]
     succeeded: Mapped[bool] = mapped_column(Boolean)
+
+
+class Publication(Base):
+    """Where a job's artifacts were published (an S3 prefix, a Hub repo) and the exact version written."""
+
+    __tablename__ = "publications"
+    __table_args__ = (UniqueConstraint("job_id", "kind", "location"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("pub_"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # s3 | hf
+    location: Mapped[str] = mapped_column(String(2048))  # s3://bucket/prefix or the Hub repo URL
+    revision: Mapped[str | None] = mapped_column(String(200))  # Hub commit sha; S3: the manifest's sha256
+    url: Mapped[str | None] = mapped_column(String(2048))  # a browsable address (the Hub commit page)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class OrgSecret(Base):
+    """A credential an organisation stores for publishing, encrypted at rest (api/secrets.py); only its name
+    is ever shown back."""
+
+    __tablename__ = "org_secrets"
+
+    org_id: Mapped[str] = mapped_column(ForeignKey("organisations.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    ciphertext: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Drafter(Base):
+    """A succeeded job's published drafter and its lineage: what it was trained for (target URI, pinned revision,
+    fingerprint), on what (the data snapshot), from what (its parent drafter, the recipe), with what (code and
+    package versions), and how well it did (validation metrics). Recorded by the worker in the publish stage."""
+
+    __tablename__ = "drafters"
+    __table_args__ = (Index(None, "org_id", "id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("drf_"))
+    org_id: Mapped[str] = mapped_column(ForeignKey("organisations.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
+    parent_id: Mapped[str | None] = mapped_column(ForeignKey("drafters.id", ondelete="SET NULL"), index=True)
+    parent_ref: Mapped[str | None] = mapped_column(String(2048))  # init.from_drafter as given (an id or a URI)
+    name: Mapped[str | None] = mapped_column(String(128))
+    target_uri: Mapped[str] = mapped_column(String(2048))
+    target_revision: Mapped[str | None] = mapped_column(String(200))
+    target_fingerprint: Mapped[str] = mapped_column(String(80))
+    variant: Mapped[str] = mapped_column(String(16))
+    block_size: Mapped[int]
+    num_layers: Mapped[int]
+    tau: Mapped[float | None] = mapped_column(Float)
+    lossless: Mapped[bool] = mapped_column(Boolean)
+    manifest_sha256: Mapped[str] = mapped_column(String(64))
+    config: Mapped[dict[str, Any]]  # the drafter's shape: hidden/vocab size, taps, mask token...
+    lineage: Mapped[dict[str, Any]]  # data snapshot, recipe, code and package versions
+    metrics: Mapped[dict[str, Any]]  # validation: tau per position and category, lossless, speedup, parent tau
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Audit(Base):
+    """A drift audit: an existing drafter measured against a (new) target checkpoint. A small job of its own:
+    queued by the API, run by a worker (`draftsmith.run_audit`), its row the source of truth."""
+
+    __tablename__ = "audits"
+    __table_args__ = (Index(None, "org_id", "id"), Index(None, "status", "heartbeat_at"))
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("aud_"))
+    org_id: Mapped[str] = mapped_column(ForeignKey("organisations.id", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(16))  # queued|running|succeeded|failed
+    spec: Mapped[dict[str, Any]]  # the audit as admitted, every default resolved (schemas/audit.py)
+    drafter_ref: Mapped[str] = mapped_column(String(2048))
+    drafter_id: Mapped[str | None] = mapped_column(ForeignKey("drafters.id", ondelete="SET NULL"))
+    target_uri: Mapped[str] = mapped_column(String(2048))
+    target_revision: Mapped[str | None] = mapped_column(String(200))
+    recommendation: Mapped[str | None] = mapped_column(String(16))  # keep|warm_start|retrain
+    result: Mapped[dict[str, Any] | None]
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    attempts: Mapped[int] = mapped_column(default=0)
+    heartbeat_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class UsageRecord(Base):
+    """Compute and tokens one stage attempt (or audit) spent, appended as it ends. An organisation's usage in a
+    period is the sum of its records (api/usage.py); quotas are checked against it at submit time."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index(None, "org_id", "recorded_at"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("organisations.id", ondelete="CASCADE"))
+    job_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    audit_id: Mapped[str | None] = mapped_column(String(40))
+    stage: Mapped[str | None] = mapped_column(String(16))
+    compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    tokens_generated: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens_trained: Mapped[int] = mapped_column(BigInteger, default=0)
+    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)

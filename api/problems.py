@@ -8,17 +8,22 @@ handlers here turn them, FastAPI's validation errors and any unexpected exceptio
 from __future__ import annotations
 
 import logging
+import sqlite3
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm.exc import StaleDataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_BASE = "urn:draftsmith:problem:"
+DATABASE_RETRY_AFTER_SECONDS = 2
 log = logging.getLogger("draftsmith.api")
 
 
@@ -178,18 +183,90 @@ def install_problem_handlers(app: FastAPI) -> None:
         return problem_response(request, 409, "concurrent-update", "Concurrent update",
                                 "the job changed while this request was being handled; retry the request")
 
-    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    async def on_database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # No connection within the pool timeout, or the database is down: a temporary condition, said as one.
+        # (Engines hide bound parameters, so the message carries no values.)
+        if not _database_unavailable(exc):
+            return await on_unexpected(request, exc)  # e.g. SQLite's "no such table": a deployment fault
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
         return problem_response(
-            request, 500, "internal-error", "Internal server error", "an unexpected error occurred; it has been logged"
+            request, 503, ServiceUnavailable.slug, ServiceUnavailable.title,
+            "the database is busy or unavailable; retry shortly",
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
         )
+
+    async def on_data_error(request: Request, exc: Exception) -> JSONResponse:
+        # A backstop: the schemas bound every value to what the columns hold, so reaching this is a gap in
+        # them (logged), but still the client's value, not a server fault.
+        # Only the class and SQLSTATE: a driver's message may quote the refused value.
+        orig = getattr(exc, "orig", exc)
+        log.warning("database refused a value on %s %s: %s (sqlstate %s)", request.method, request.url.path,
+                    type(orig).__name__, getattr(orig, "sqlstate", None))
+        return problem_response(
+            request, 422, InvalidRequest.slug, InvalidRequest.title,
+            "a value is out of range or contains characters that cannot be stored",
+            errors=[FieldError(field="body", message="a value is out of range or contains control characters")],
+        )
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return internal_error_response(request, exc)
 
     app.add_exception_handler(ProblemError, on_problem)
     app.add_exception_handler(RequestValidationError, on_request_validation)
     app.add_exception_handler(ValidationError, on_pydantic_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(StaleDataError, on_stale)
+    for unavailable in (PoolTimeoutError, OperationalError, InterfaceError):
+        app.add_exception_handler(unavailable, on_database_unavailable)
+    app.add_exception_handler(DataError, on_data_error)
     app.add_exception_handler(Exception, on_unexpected)
+
+
+def internal_error_response(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return problem_response(
+        request, 500, "internal-error", "Internal server error", "an unexpected error occurred; it has been logged"
+    )
+
+
+class UnhandledErrorMiddleware:
+    """Answers an unexpected exception with the 500 problem and keeps the connection.
+
+    Starlette's outermost error middleware re-raises after answering, and uvicorn then closes the
+    connection (a keep-alive client sees a reset). Installed innermost, this one answers and stops there.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:  # too late to answer: the server drops the connection
+                raise
+            await internal_error_response(Request(scope), exc)(scope, receive, send)
+
+
+def _database_unavailable(exc: Exception) -> bool:
+    """True for a temporary condition: no pooled connection in time, the server unreachable or shutting down,
+    SQLite's write lock held too long. SQLite reports schema faults as OperationalError too; those are not."""
+    if isinstance(exc, PoolTimeoutError):
+        return True
+    orig = getattr(exc, "orig", None)
+    if isinstance(orig, sqlite3.Error):
+        return any(word in str(orig) for word in ("locked", "busy", "unable to open"))
+    return True
 
 
 def _reason(status: int) -> str:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
 from api.webhooks import WEBHOOK_EVENT_TYPES
+from schemas.bounds import MultilineText
 from schemas.job_spec import JobSpec
 
 WebhookEventType = Literal["job.started", "job.stage_changed", "job.succeeded", "job.failed", "job.cancelled"]
@@ -33,6 +34,14 @@ class StageRunOut(BaseModel):
     error_message: str | None
 
 
+class PublicationOut(BaseModel):
+    kind: Literal["s3", "hf"]
+    location: str = Field(description="s3://bucket/prefix, or the Hub repo URL.")
+    revision: str | None = Field(description="The Hub commit sha; for S3 the sha256 of the published manifest.")
+    url: str | None = Field(description="Where to look: the Hub commit page, or the manifest's S3 URI.")
+    created_at: datetime
+
+
 class JobOut(BaseModel):
     id: str
     object: Literal["job"] = "job"
@@ -48,11 +57,14 @@ class JobOut(BaseModel):
     error: JobError | None
     cancel_requested: bool
     resume_count: int
+    run_attempts: int = Field(description="Times a worker picked the job up: 1, plus one per redelivery after a "
+                              "lost worker, per retry after an infrastructure error and per resume.")
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
     stages: list[StageRunOut] = Field(description="Every stage attempt, oldest first.")
+    publications: list[PublicationOut] = Field(default_factory=list, description="Where the artifacts were published.")
 
 
 class JobList(BaseModel):
@@ -140,7 +152,7 @@ class WebhookCreate(BaseModel):
     events: list[WebhookEventType] = Field(
         default_factory=lambda: list(WEBHOOK_EVENT_TYPES), min_length=1, description="Events to send; default all."
     )
-    description: str | None = Field(default=None, max_length=500)
+    description: MultilineText | None = Field(default=None, max_length=500)
     enabled: bool = True
 
 
@@ -149,7 +161,7 @@ class WebhookUpdate(BaseModel):
 
     url: HttpUrl | None = None
     events: list[WebhookEventType] | None = Field(default=None, min_length=1)
-    description: str | None = Field(default=None, max_length=500)
+    description: MultilineText | None = Field(default=None, max_length=500)
     enabled: bool | None = None
 
 

@@ -37,6 +37,11 @@ Functions:
   acknowledge_cancellation(session, job_id)
 
 An artifact is registered only after its bytes are fully stored, so a listed artifact is whole.
+
+Liveness (for workers that die without a word): `begin_run` counts each pickup on the job,
+`heartbeat` refreshes the running attempt, `claim_stage(..., stale_after_seconds=)` refuses a stage a
+live worker holds (StageBusy), and `take_over_stale_jobs` finds jobs whose worker went quiet, so that
+another worker can continue them from their last checkpoint.
 """
 
 from __future__ import annotations
@@ -44,22 +49,24 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from api.events import append_event
 from api.jobs import next_stage
-from api.models import Artifact, Job, MetricPoint, StageRun, utcnow
+from api.models import Artifact, Job, MetricPoint, Publication, StageRun, utcnow
 from api.problems import Conflict, InvalidTransition, NotFound
-from api.states import STAGE_ORDER, STATUS_OF_STAGE, JobStatus, Stage, transition
+from api.states import RUNNING_STATUSES, STAGE_ORDER, STATUS_OF_STAGE, JobStatus, Stage, transition
 from api.storage import LocalStorage, S3Storage, check_key
 
 __all__ = [
-    "CancellationPending", "StageConflict", "acknowledge_cancellation", "artifact_storage_key",
-    "cancellation_requested", "claim_stage", "fail_job", "finish_stage", "next_stage", "record_event",
-    "record_metrics", "register_artifact", "store_artifact",
+    "CancellationPending", "StageBusy", "StageConflict", "acknowledge_cancellation", "artifact_storage_key",
+    "begin_run", "cancellation_requested", "claim_stage", "discard_metrics", "fail_job", "finish_stage", "heartbeat", "next_stage",
+    "record_drafter", "record_event", "record_metrics", "record_publication", "record_usage", "register_artifact",
+    "release_stage", "store_artifact", "take_over_stale_jobs",
 ]
 
 _CODE_RE = re.compile(r"^[a-z0-9_.-]{1,64}$")
@@ -73,6 +80,10 @@ class StageConflict(Conflict):
 
 class CancellationPending(Conflict):
     slug, title = "cancellation-pending", "Cancellation requested"
+
+
+class StageBusy(Conflict):
+    slug, title = "stage-busy", "Another worker is running this stage"
 
 
 def _locked_job(session: Session, job_id: str) -> Job:
@@ -96,7 +107,8 @@ def _running_attempt(session: Session, job_id: str, stage: str | None) -> StageR
     )
 
 
-def claim_stage(session: Session, job_id: str, stage: Stage | str, *, worker_id: str | None = None) -> StageRun:
+def claim_stage(session: Session, job_id: str, stage: Stage | str, *, worker_id: str | None = None,
+                stale_after_seconds: float | None = None) -> StageRun:
     stage = Stage(stage)
     job = _locked_job(session, job_id)
     if job.status == JobStatus.CANCELLING:
@@ -106,6 +118,9 @@ def claim_stage(session: Session, job_id: str, stage: Stage | str, *, worker_id:
         raise StageConflict(f"job {job_id} cannot start {stage}: the next stage is {expected or 'none (all done)'}")
     target = STATUS_OF_STAGE[stage]
     now = utcnow()
+    if stale_after_seconds is not None and (holder := _live_attempt(session, job_id, stage, stale_after_seconds)):
+        session.rollback()
+        raise StageBusy(f"job {job_id}: {holder.worker_id} is running {stage} (heartbeat {holder.heartbeat_at})")
     if job.status == target:
         # The same stage claimed again (worker died, task redelivered): the old attempt is over.
         for stale in session.scalars(
@@ -119,7 +134,7 @@ def claim_stage(session: Session, job_id: str, stage: Stage | str, *, worker_id:
         select(func.max(StageRun.attempt)).where(StageRun.job_id == job_id, StageRun.stage == stage)
     ) or 0) + 1
     run = StageRun(job_id=job_id, stage=str(stage), attempt=attempt, status="running", worker_id=worker_id,
-                   progress=0.0, started_at=now)
+                   progress=0.0, started_at=now, heartbeat_at=now)
     session.add(run)
     append_event(session, job, "stage.started", f"stage {stage} started (attempt {attempt})", stage=str(stage),
                  progress=0.0, data={"attempt": attempt, "worker_id": worker_id})
@@ -173,6 +188,17 @@ def record_metrics(
     session.add_all(points)
     session.commit()
     return len(points)
+
+
+def discard_metrics(session: Session, job_id: str, stage: Stage | str, from_step: int) -> int:
+    """Drop a stage's points at `from_step` and later: a resumed stage replays those steps from its checkpoint,
+    and a series must not hold two values for one step. Returns the points removed."""
+    removed = session.execute(
+        delete(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.stage == str(Stage(stage)),
+                                  MetricPoint.step >= from_step).execution_options(synchronize_session=False)
+    ).rowcount
+    session.commit()
+    return removed
 
 
 def artifact_storage_key(job_id: str, name: str) -> str:
@@ -242,6 +268,7 @@ def finish_stage(session: Session, job_id: str, stage: Stage | str) -> JobStatus
     if run is None:
         raise StageConflict(f"job {job_id} has no running attempt of stage {stage} to finish")
     run.status, run.finished_at, run.progress = "succeeded", utcnow(), 100.0
+    job.updated_at = run.finished_at  # a hand-over to the next stage starts its clock now (take_over_stale_jobs)
     append_event(session, job, "stage.finished", f"stage {stage} finished", stage=str(stage), progress=100.0)
     if job.status == JobStatus.CANCELLING:
         transition(session, job, JobStatus.CANCELLED, reason=f"cancelled after stage {stage} finished")
@@ -293,3 +320,134 @@ def acknowledge_cancellation(session: Session, job_id: str) -> None:
         run.status, run.finished_at = "cancelled", utcnow()
     transition(session, job, JobStatus.CANCELLED, reason="cancelled by request")
     session.commit()
+
+
+def _live_attempt(session: Session, job_id: str, stage: Stage, stale_after_seconds: float) -> StageRun | None:
+    cutoff = utcnow() - timedelta(seconds=stale_after_seconds)
+    return session.scalar(select(StageRun).where(
+        StageRun.job_id == job_id, StageRun.stage == str(stage), StageRun.status == "running",
+        StageRun.heartbeat_at >= cutoff).limit(1))
+
+
+def begin_run(session: Session, job_id: str) -> int:
+    """A worker picked the job up: count it (the job's `run_attempts`) and return the new count."""
+    job = _locked_job(session, job_id)
+    job.run_attempts += 1
+    session.commit()
+    return job.run_attempts
+
+
+def heartbeat(session: Session, job_id: str, stage: Stage | str, worker_id: str) -> bool:
+    """Refresh this worker's running attempt of `stage`. False: the attempt is no longer this worker's to run
+    (taken over after a stall, or ended by a cancellation): stop working on it."""
+    result = session.execute(
+        update(StageRun)
+        .where(StageRun.job_id == job_id, StageRun.stage == str(Stage(stage)), StageRun.status == "running",
+               StageRun.worker_id == worker_id)
+        .values(heartbeat_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return result.rowcount > 0
+
+
+def release_stage(session: Session, job_id: str, stage: Stage | str, worker_id: str, reason: str) -> None:
+    """This worker gives its running attempt up (to retry after an infrastructure error): mark it abandoned so
+    the retry, on any worker, may claim the stage at once."""
+    job = _locked_job(session, job_id)
+    run = session.scalar(select(StageRun).where(
+        StageRun.job_id == job_id, StageRun.stage == str(Stage(stage)), StageRun.status == "running",
+        StageRun.worker_id == worker_id))
+    if run is not None:
+        run.status, run.finished_at, run.error_message = "abandoned", utcnow(), reason[:10_000]
+        append_event(session, job, "stage.released", f"stage {stage} attempt {run.attempt} released: {reason}"[:10_000],
+                     stage=str(Stage(stage)), level="warning")
+    session.commit()
+
+
+def take_over_stale_jobs(session: Session, stale_after_seconds: float) -> list[tuple[str, Stage]]:
+    """Jobs whose worker went quiet: a running attempt without a heartbeat for `stale_after_seconds`, or a
+    running job with no attempt and no change for that long (a hand-over between queues was lost).
+
+    Each is claimed with a conditional update (the quiet attempt becomes `abandoned`, or the idle job's
+    updated_at moves to now), so of several workers looking at once exactly one gets it, and the stage is
+    free to claim again. Returns (job_id, stage to run) to re-enqueue."""
+    cutoff = utcnow() - timedelta(seconds=stale_after_seconds)
+    taken: list[tuple[str, Stage]] = []
+    stale_runs = session.execute(
+        select(StageRun.id, StageRun.job_id, StageRun.stage).join(Job, Job.id == StageRun.job_id).where(
+            StageRun.status == "running", Job.status.in_([str(s) for s in RUNNING_STATUSES | {JobStatus.CANCELLING}]),
+            or_(StageRun.heartbeat_at < cutoff, StageRun.heartbeat_at.is_(None)))
+    ).all()
+    for run_id, job_id, stage in stale_runs:
+        claimed = session.execute(
+            update(StageRun).where(StageRun.id == run_id, StageRun.status == "running",
+                                   or_(StageRun.heartbeat_at < cutoff, StageRun.heartbeat_at.is_(None)))
+            .values(status="abandoned", finished_at=utcnow(),
+                    error_message=f"its worker went quiet (no heartbeat for {stale_after_seconds:g} s)")
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if claimed:  # the job's clock restarts too, so the idle-job pass below leaves it to this hand-over
+            session.execute(update(Job).where(Job.id == job_id).values(updated_at=utcnow(), version=Job.version + 1)
+                            .execution_options(synchronize_session=False))
+            taken.append((job_id, Stage(stage)))
+        session.commit()
+    running = session.scalars(select(StageRun.job_id).where(StageRun.status == "running"))
+    idle_jobs = session.execute(
+        select(Job.id, Job.stage).where(Job.status.in_([str(s) for s in RUNNING_STATUSES]), Job.updated_at < cutoff,
+                                        Job.id.not_in(running))
+    ).all()
+    for job_id, _stage in idle_jobs:
+        claimed = session.execute(
+            update(Job).where(Job.id == job_id, Job.updated_at < cutoff)
+            .values(updated_at=utcnow(), version=Job.version + 1).execution_options(synchronize_session=False)
+        ).rowcount
+        session.commit()
+        if claimed and (stage := next_stage(session, job_id)) is not None:
+            taken.append((job_id, stage))
+    return taken
+
+
+def record_publication(session: Session, job_id: str, *, kind: str, location: str, revision: str | None,
+                       url: str | None) -> Publication:
+    """Record where the artifacts were published (publishing again to the same place replaces the record)."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    row = session.scalar(select(Publication).where(Publication.job_id == job_id, Publication.kind == kind,
+                                                   Publication.location == location))
+    if row is None:
+        row = Publication(job_id=job_id, kind=kind, location=location)
+        session.add(row)
+    row.revision, row.url, row.created_at = revision, url, utcnow()
+    session.flush()
+    append_event(session, job, "publish.completed", f"published to {location}" + (f" at {revision}" if revision else ""),
+                 stage=str(Stage.PUBLISH), data={"kind": kind, "location": location, "revision": revision, "url": url})
+    session.commit()
+    return row
+
+
+def record_usage(session: Session, job_id: str, stage: Stage | str, *, compute_seconds: float = 0.0,
+                 tokens_generated: int = 0, tokens_trained: int = 0) -> None:
+    """What one attempt of `stage` spent, counted towards the organisation's monthly usage (api/usage.py)."""
+    from api.usage import record_usage as append
+
+    org_id = session.scalar(select(Job.org_id).where(Job.id == job_id))
+    if org_id is None:
+        raise NotFound(f"no job {job_id!r}")
+    append(session, org_id, job_id=job_id, stage=str(Stage(stage)), compute_seconds=compute_seconds,
+           tokens_generated=tokens_generated, tokens_trained=tokens_trained)
+    session.commit()
+
+
+def record_drafter(session: Session, job_id: str, **lineage) -> str:
+    """The job's published drafter and its lineage (api/drafters.py `record_drafter`); returns its id."""
+    from api.drafters import record_drafter as record
+
+    row = record(session, job_id, **lineage)
+    job = session.get(Job, job_id)
+    assert job is not None
+    append_event(session, job, "log", f"drafter {row.id} published" + (f" (parent {row.parent_ref})" if row.parent_ref
+                 else ""), stage=str(Stage.PUBLISH), data={"drafter_id": row.id, "parent_id": row.parent_id})
+    session.commit()
+    return row.id

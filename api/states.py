@@ -23,6 +23,7 @@ from api.events import append_event
 from api.models import Job, utcnow
 from api.problems import InvalidTransition
 from api.webhooks import enqueue_job_webhooks
+from schemas.stages import STAGE_ORDER, Stage  # the one list of stage names (re-exported here)
 
 
 class JobStatus(StrEnum):
@@ -39,16 +40,6 @@ class JobStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
-class Stage(StrEnum):
-    PREPARE = "prepare"
-    GENERATE = "generate"
-    TRAIN = "train"
-    VALIDATE = "validate"
-    EXPORT = "export"
-    PUBLISH = "publish"
-
-
-STAGE_ORDER: tuple[Stage, ...] = tuple(Stage)
 STATUS_OF_STAGE: dict[Stage, JobStatus] = {
     Stage.PREPARE: JobStatus.PREPARING,
     Stage.GENERATE: JobStatus.GENERATING,

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlsplit
 
 from api.settings import Settings
+from schemas.manifest import sha256_file
 
 CHUNK_BYTES = 1 << 20
 _KEY_SEGMENT_RE = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -43,20 +44,14 @@ class StoredObject:
 
 class Storage(Protocol):
     def put_file(self, key: str, path: str | Path) -> StoredObject: ...
+    def get_file(self, key: str, path: str | Path) -> None: ...
+    def list_keys(self, prefix: str) -> dict[str, int]: ...
     def put_bytes(self, key: str, data: bytes) -> StoredObject: ...
     def open_chunks(self, key: str) -> Iterator[bytes]: ...
     def exists(self, key: str) -> bool: ...
     def delete(self, key: str) -> None: ...
     def presigned_url(self, key: str, *, filename: str | None = None) -> str | None: ...
     def ping(self) -> None: ...
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class LocalStorage:
@@ -99,6 +94,18 @@ class LocalStorage:
 
         return self._write_atomically(key, io.BytesIO(data))
 
+    def get_file(self, key: str, path: str | Path) -> None:
+        """Copy the object to `path`, which appears whole (temp file + rename)."""
+        _write_chunks_atomically(Path(path), self.open_chunks(key))
+
+    def list_keys(self, prefix: str) -> dict[str, int]:
+        """{key: size} of every object below `prefix` (a key prefix ending at a '/')."""
+        base = self._path(prefix.rstrip("/"))
+        if not base.is_dir():
+            return {}
+        return {path.relative_to(self.root).as_posix(): path.stat().st_size for path in base.rglob("*")
+                if path.is_file() and not path.name.startswith(".partial-")}
+
     def open_chunks(self, key: str) -> Iterator[bytes]:
         with self._path(key).open("rb") as handle:
             while chunk := handle.read(CHUNK_BYTES):
@@ -119,30 +126,39 @@ class LocalStorage:
             raise OSError(f"storage root {self.root} is not writable")
 
 
+def s3_client(settings: Settings, *, endpoint_url: str | None = None, region: str | None = None,
+              access_key_id: str | None = None, secret_access_key: str | None = None) -> Any:
+    """A boto3 S3 client for the deployment's endpoint and credentials (storage, s3:// targets, publishing),
+    or for the ones given (an organisation's own publishing credentials)."""
+    import boto3  # imported here: a local-storage deployment never pays for botocore
+    from botocore.config import Config
+
+    credentials: dict[str, Any] = {}
+    if access_key_id and secret_access_key:
+        credentials = {"aws_access_key_id": access_key_id, "aws_secret_access_key": secret_access_key}
+    elif settings.s3_access_key_id and settings.s3_secret_access_key:
+        credentials = {
+            "aws_access_key_id": settings.s3_access_key_id,
+            "aws_secret_access_key": settings.s3_secret_access_key.get_secret_value(),
+        }
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url or settings.s3_endpoint_url,
+        region_name=region or settings.s3_region,
+        config=Config(signature_version="s3v4", retries={"max_attempts": 3, "mode": "standard"},
+                      connect_timeout=5, read_timeout=60),
+        **credentials,
+    )
+
+
 class S3Storage:
     """An S3 bucket/prefix; any S3-compatible endpoint via settings.s3_endpoint_url."""
 
     def __init__(self, bucket: str, prefix: str, settings: Settings) -> None:
-        import boto3  # imported here: a local-storage deployment never pays for botocore
-        from botocore.config import Config
-
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.ttl = settings.presigned_url_ttl_seconds
-        credentials: dict[str, Any] = {}
-        if settings.s3_access_key_id and settings.s3_secret_access_key:
-            credentials = {
-                "aws_access_key_id": settings.s3_access_key_id,
-                "aws_secret_access_key": settings.s3_secret_access_key.get_secret_value(),
-            }
-        self.client = boto3.client(
-            "s3",
-            endpoint_url=settings.s3_endpoint_url,
-            region_name=settings.s3_region,
-            config=Config(signature_version="s3v4", retries={"max_attempts": 3, "mode": "standard"},
-                          connect_timeout=5, read_timeout=60),
-            **credentials,
-        )
+        self.client = s3_client(settings)
 
     def _object_key(self, key: str) -> str:
         check_key(key)
@@ -150,7 +166,7 @@ class S3Storage:
 
     def put_file(self, key: str, path: str | Path) -> StoredObject:
         path = Path(path)
-        sha256 = _sha256_file(path)
+        sha256 = sha256_file(path)
         # upload_file switches to multipart for big files; the object appears only when complete.
         self.client.upload_file(str(path), self.bucket, self._object_key(key), ExtraArgs={"Metadata": {"sha256": sha256}})
         return StoredObject(key, path.stat().st_size, sha256)
@@ -159,6 +175,18 @@ class S3Storage:
         sha256 = hashlib.sha256(data).hexdigest()
         self.client.put_object(Bucket=self.bucket, Key=self._object_key(key), Body=data, Metadata={"sha256": sha256})
         return StoredObject(key, len(data), sha256)
+
+    def get_file(self, key: str, path: str | Path) -> None:
+        _write_chunks_atomically(Path(path), self.open_chunks(key))
+
+    def list_keys(self, prefix: str) -> dict[str, int]:
+        root = self._object_key(prefix.rstrip("/")) + "/"
+        found: dict[str, int] = {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=root):
+            for item in page.get("Contents", []):
+                key = item["Key"][len(self.prefix) + 1:] if self.prefix else item["Key"]
+                found[key] = item["Size"]
+        return found
 
     def open_chunks(self, key: str) -> Iterator[bytes]:
         body = self.client.get_object(Bucket=self.bucket, Key=self._object_key(key))["Body"]
@@ -189,6 +217,19 @@ class S3Storage:
 
     def ping(self) -> None:
         self.client.head_bucket(Bucket=self.bucket)
+
+
+def _write_chunks_atomically(path: Path, chunks: Iterator[bytes]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
 
 
 def storage_from_settings(settings: Settings) -> LocalStorage | S3Storage:

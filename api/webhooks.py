@@ -19,20 +19,21 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import secrets
 import time
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.drafters import rollout_summary
 from api.models import Job, JobLabel, Webhook, WebhookAttempt, WebhookDelivery, utcnow
+from api.outbound import OutboundRefused, check_outbound_url, check_url_syntax, outbound_client, send_pinned
+from api.redaction import redact_url
 from api.settings import Settings
 
 WEBHOOK_EVENT_TYPES = ("job.started", "job.stage_changed", "job.succeeded", "job.failed", "job.cancelled")
@@ -53,26 +54,9 @@ def sign_payload(secret: str, msg_id: str, timestamp: int, body: str) -> str:
 
 
 def check_webhook_url(url: str, *, allow_private: bool) -> str | None:
-    """Return why `url` is unacceptable, or None. Refuses loopback/private literal hosts unless allowed."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        return "must be an http:// or https:// URL"
-    if not parts.hostname:
-        return "must include a host"
-    if parts.username or parts.password:
-        return "must not embed credentials; authenticate receivers with the signature instead"
-    if allow_private:
-        return None
-    host = parts.hostname
-    if host == "localhost" or host.endswith(".localhost") or host.endswith(".internal"):
-        return f"host {host!r} is internal; webhooks go to publicly reachable endpoints"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    if not address.is_global:
-        return f"address {host} is private, loopback or reserved; webhooks go to publicly reachable endpoints"
-    return None
+    """Why `url` is unacceptable as written, or None (no DNS lookup: registration and every delivery
+    also resolve the host and check each address, see api/outbound.py)."""
+    return check_url_syntax(url, allow_private=allow_private)
 
 
 def job_summary(session: Session, job: Job) -> dict[str, Any]:
@@ -84,7 +68,7 @@ def job_summary(session: Session, job: Job) -> dict[str, Any]:
         if job.error_code
         else None
     )
-    return {
+    summary = {
         "id": job.id,
         "object": "job",
         "status": job.status,
@@ -95,6 +79,11 @@ def job_summary(session: Session, job: Job) -> dict[str, Any]:
         "created_at": job.created_at.isoformat(),
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
     }
+    if job.status == "succeeded":
+        # What a deployment system rolls out: drafter id and parent, target, lossless verdict, tau, serving
+        # settings, artifacts with sha256, publications (api/drafters.py).
+        summary["drafter"] = rollout_summary(session, job)
+    return summary
 
 
 def enqueue_job_webhooks(session: Session, job: Job, event_type: str, *, extra: dict[str, Any] | None = None) -> int:
@@ -159,7 +148,8 @@ def _claim_due(factory: sessionmaker[Session], now: datetime, limit: int) -> lis
     return claimed
 
 
-def _send(client: httpx.Client, url: str, secret: str, delivery: WebhookDelivery) -> tuple[int | None, str | None, int]:
+def _send(client: httpx.Client, url: str, secret: str, delivery: WebhookDelivery,
+          settings: Settings) -> tuple[int | None, str | None, int]:
     timestamp = int(time.time())
     headers = {
         "content-type": "application/json",
@@ -170,8 +160,13 @@ def _send(client: httpx.Client, url: str, secret: str, delivery: WebhookDelivery
     }
     started = time.perf_counter()
     try:
-        response = client.post(url, content=delivery.payload.encode(), headers=headers)
+        # Resolved and checked at every attempt (DNS may have changed since registration), then sent to
+        # the very address that was checked.
+        target = check_outbound_url(url, allow_private=settings.webhook_allow_private_targets)
+        response = send_pinned(client, target, content=delivery.payload.encode(), headers=headers)
         status, error = response.status_code, None
+    except OutboundRefused as exc:
+        status, error = None, f"refused: {exc}"[:500]
     except httpx.HTTPError as exc:
         status, error = None, f"{type(exc).__name__}: {exc}"[:500]
     return status, error, int((time.perf_counter() - started) * 1000)
@@ -191,7 +186,7 @@ def dispatch_due_webhooks(
     if not claimed:
         return 0
     own_client = client is None
-    http = client or httpx.Client(timeout=settings.webhook_timeout_seconds, follow_redirects=False)
+    http = client or outbound_client(settings.webhook_timeout_seconds)
     try:
         for delivery_id in claimed:
             with factory() as session:
@@ -200,7 +195,7 @@ def dispatch_due_webhooks(
                 if delivery is None or hook is None:
                     continue
                 url, secret = hook.url, hook.secret
-            status, error, duration_ms = _send(http, url, secret, delivery)
+            status, error, duration_ms = _send(http, url, secret, delivery, settings)
             succeeded = status is not None and 200 <= status < 300
             with factory() as session:
                 delivery = session.get(WebhookDelivery, delivery_id)
@@ -219,7 +214,8 @@ def dispatch_due_webhooks(
                     delivery.status, delivery.next_attempt_at = "succeeded", None
                 elif delivery.attempt_count >= settings.webhook_max_attempts:
                     delivery.status, delivery.next_attempt_at = "failed", None
-                    log.warning("webhook %s to %s failed after %d attempts", delivery.id, url, delivery.attempt_count)
+                    log.warning("webhook %s to %s failed after %d attempts", delivery.id, redact_url(url),
+                                delivery.attempt_count)
                 else:
                     delay = backoff_seconds(delivery.attempt_count, settings)
                     delivery.next_attempt_at = now + timedelta(seconds=delay)

@@ -14,6 +14,7 @@ from api.db import check_schema_is_current
 from api.db import ping as ping_database
 from api.deps import services_for
 from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE, problem_responses
+from api.redaction import redact_text
 from api.schemas import HealthOut, ReadinessOut
 
 router = APIRouter(tags=["health"])
@@ -31,7 +32,7 @@ async def _check(name: str, func: Any) -> tuple[str, str]:
     except TimeoutError:
         return name, f"timeout after {CHECK_TIMEOUT_SECONDS:g}s"
     except Exception as exc:  # any failure means "not ready"; say which and why
-        return name, f"error: {type(exc).__name__}: {str(exc)[:200]}"
+        return name, f"error: {type(exc).__name__}: {redact_text(str(exc))[:200]}"  # no URL passwords
     return name, "ok"
 
 

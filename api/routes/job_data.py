@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -14,7 +13,8 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import ReadPrincipal, Services, ServicesDep, SessionDep
+from api.deps import ReadPrincipal, Services, ServicesDep, SessionDep, read_sessions
+from api.event_feed import EventFeeds
 from api.events import events_after
 from api.jobs import get_job_for_org
 from api.models import Artifact, Job, JobEvent, MetricPoint
@@ -24,6 +24,7 @@ from api.states import TERMINAL_STATUSES, JobStatus
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["job data"])
 SSE_BATCH = 500
+EVENT_CURSOR_MAX = 2**62  # the bound of `after` too: within any 64-bit column, with room for `+ 1`
 
 
 def _event_out(event: JobEvent) -> EventOut:
@@ -34,9 +35,11 @@ def _event_out(event: JobEvent) -> EventOut:
 def _parse_last_event_id(value: str | None) -> int | None:
     if value is None:
         return None
-    if not value.strip().isdigit():
+    # isascii: str.isdigit() also accepts other scripts' digits; the bound keeps the cursor in a 64-bit column.
+    if not (value.strip().isascii() and value.strip().isdigit()) or int(value.strip()) > EVENT_CURSOR_MAX:
         raise InvalidRequest("Last-Event-ID must be the numeric id of an event already received",
-                             errors=[FieldError(field="Last-Event-ID", message="expected a non-negative integer")])
+                             errors=[FieldError(field="Last-Event-ID",
+                                                message=f"expected an integer from 0 to {EVENT_CURSOR_MAX}")])
     return int(value.strip())
 
 
@@ -59,7 +62,7 @@ def list_events(
     services: ServicesDep,
     request: Request,
     job_id: str,
-    after: Annotated[int, Query(ge=0, le=2**62, description="Return events with id > after.")] = 0,
+    after: Annotated[int, Query(ge=0, le=EVENT_CURSOR_MAX, description="Return events with id > after.")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> EventList | Response:
@@ -69,9 +72,10 @@ def list_events(
     if "text/event-stream" in request.headers.get("accept", ""):
         if JobStatus(job.status) in TERMINAL_STATUSES and not events_after(session, job.id, cursor, 1):
             return Response(status_code=204)
-        session.close()  # the stream polls with its own short sessions
+        start_seq = job.event_seq
+        session.close()  # the stream reads through the job's shared feed, with its own short sessions
         return StreamingResponse(
-            _sse_stream(request, services, job.id, cursor),
+            _sse_stream(request, services, job.id, cursor, start_seq),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -82,35 +86,57 @@ def list_events(
 
 
 def _poll(services: Services, job_id: str, after: int) -> tuple[str, list[EventOut]]:
-    with services.session_factory() as session:
+    with read_sessions(services)() as session:
         # Status first, then events: the terminal transition commits together with its own event,
         # so a terminal status read here guarantees its event is visible to the query below.
         status = session.scalar(select(Job.status).where(Job.id == job_id)) or JobStatus.CANCELLED
         return status, [_event_out(e) for e in events_after(session, job_id, after, SSE_BATCH)]
 
 
-async def _sse_stream(request: Request, services: Services, job_id: str, after: int) -> AsyncIterator[str]:
+def _event_feeds(request: Request, services: Services) -> EventFeeds:
+    feeds = getattr(request.app.state, "event_feeds", None)
+    if feeds is None:
+        async def poll(job_id: str, after: int) -> tuple[str, list[EventOut]]:
+            return await run_in_threadpool(_poll, services, job_id, after)
+
+        feeds = request.app.state.event_feeds = EventFeeds(poll, services.settings.sse_poll_interval_seconds)
+    return feeds
+
+
+async def _sse_stream(request: Request, services: Services, job_id: str, after: int,
+                      start_seq: int) -> AsyncIterator[str]:
     settings = services.settings
     deadline = time.monotonic() + settings.sse_max_stream_seconds
     last_write = time.monotonic()
     yield "retry: 2000\n\n"
-    while True:
-        status, events = await run_in_threadpool(_poll, services, job_id, after)
-        for event in events:
-            after = event.id
-            yield f"id: {event.id}\ndata: {event.model_dump_json()}\n\n"
-            last_write = time.monotonic()
-        if len(events) == SSE_BATCH:
-            continue  # more are waiting: drain before sleeping
-        if JobStatus(status) in TERMINAL_STATUSES:
-            yield f"event: end\ndata: {json.dumps({'job_id': job_id, 'status': status})}\n\n"
-            return
-        if time.monotonic() > deadline or await request.is_disconnected():
-            return
-        if time.monotonic() - last_write > settings.sse_keepalive_seconds:
-            yield ": keepalive\n\n"  # comment line: keeps proxies from closing an idle stream
-            last_write = time.monotonic()
-        await asyncio.sleep(settings.sse_poll_interval_seconds)
+    async with _event_feeds(request, services).subscribe(job_id, start_seq) as feed:
+        while True:
+            if feed.error is not None:
+                return  # the feed's poll failed (database down): end; the client reconnects with Last-Event-ID
+            if after + 1 < feed.window_start():
+                # Further behind than the shared window: catch up with reads of our own.
+                status, events = await run_in_threadpool(_poll, services, job_id, after)
+                terminal = JobStatus(status) in TERMINAL_STATUSES and len(events) < SSE_BATCH
+            else:
+                events = [event for event in list(feed.window) if event.id > after]
+                terminal = feed.terminal() and (events[-1].id if events else after) >= feed.last_seq
+            for event in events:
+                after = event.id
+                yield f"id: {event.id}\ndata: {event.model_dump_json()}\n\n"
+                last_write = time.monotonic()
+            if terminal:
+                status = feed.status if feed.terminal() else JobStatus(status)
+                yield f"event: end\ndata: {json.dumps({'job_id': job_id, 'status': str(status)})}\n\n"
+                return
+            if len(events) == SSE_BATCH:
+                continue  # more are waiting: drain before waiting
+            if time.monotonic() > deadline or await request.is_disconnected():
+                return
+            if time.monotonic() - last_write > settings.sse_keepalive_seconds:
+                yield ": keepalive\n\n"  # comment line: keeps proxies from closing an idle stream
+                last_write = time.monotonic()
+            if after + 1 >= feed.window_start():
+                await feed.wait(settings.sse_poll_interval_seconds * 4)
 
 
 @router.get(

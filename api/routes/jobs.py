@@ -21,6 +21,7 @@ from api.jobs import (
 )
 from api.problems import FieldError, InvalidRequest, problem_responses
 from api.schemas import EstimateOut, JobList, JobOut
+from schemas.bounds import TARGET_PARAMETERS_BILLION_RANGE
 from schemas.job_spec import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -129,7 +130,9 @@ def estimate(
     gpu_class: Annotated[GpuClassName | None, Query(description="One class; default: all classes.")] = None,
     gpu_count: Annotated[int, Query(ge=1, le=64)] = 1,
     target_parameters_billion: Annotated[
-        float | None, Query(gt=0, le=2000, description="Target size; default from the bundled table or model name.")
+        float | None,
+        Query(ge=TARGET_PARAMETERS_BILLION_RANGE[0], le=TARGET_PARAMETERS_BILLION_RANGE[1],
+              description="Target size in billions of parameters; default from the bundled table or model name."),
     ] = None,
 ) -> EstimateOut:
     return estimate_job(spec, gpu_class=gpu_class, gpu_count=gpu_count,

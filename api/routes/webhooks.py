@@ -20,11 +20,13 @@ from api.schemas import (
     WebhookOut,
     WebhookUpdate,
 )
+from api.outbound import OutboundRefused, check_outbound_url
 from api.settings import Settings
 from api.webhooks import check_webhook_url, new_webhook_secret
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
 MAX_WEBHOOKS_PER_ORG = 20
+MAX_WEBHOOK_URL_LENGTH = 2048  # the column's size
 
 
 def _out(hook: Webhook) -> WebhookOut:
@@ -33,7 +35,17 @@ def _out(hook: Webhook) -> WebhookOut:
 
 
 def _checked_url(url: str, settings: Settings) -> str:
-    problem = check_webhook_url(url, allow_private=settings.webhook_allow_private_targets)
+    allow_private = settings.webhook_allow_private_targets
+    problem = None
+    if len(url) > MAX_WEBHOOK_URL_LENGTH:
+        problem = f"must be at most {MAX_WEBHOOK_URL_LENGTH} characters"
+    elif allow_private:
+        problem = check_webhook_url(url, allow_private=True)
+    else:
+        try:  # by what the host resolves to, not how it is spelled; checked again at every delivery
+            check_outbound_url(url, allow_private=False)
+        except OutboundRefused as exc:
+            problem = str(exc)
     if problem:
         raise InvalidRequest(f"url: {problem}", errors=[FieldError(field="url", message=problem)])
     return url

@@ -10,47 +10,24 @@ loudly); by default an unreachable server is an error, not a silent skip.
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).parent))  # api_harness and fake_stage_runner live next to the tests
 
 from api.db import upgrade  # noqa: E402
 from api_harness import Harness, build_harness, make_settings  # noqa: E402
-
-POSTGRES_ADMIN_URL = os.environ.get("DRAFTSMITH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-
+from services import fresh_postgres_database  # noqa: E402 - tests/services.py
 
 def _fresh_postgres_database(prefix: str) -> tuple[str, Any]:
     """Create a uniquely named database; return its URL and a function that drops it."""
     if os.environ.get("DRAFTSMITH_TEST_SKIP_POSTGRES") == "1":
         pytest.skip("PostgreSQL tests disabled by DRAFTSMITH_TEST_SKIP_POSTGRES=1")
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"{prefix}_{secrets.token_hex(6)}"
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # noqa: BLE001 - report any connection problem the same way
-        admin.dispose()
-        raise RuntimeError(
-            f"PostgreSQL at {POSTGRES_ADMIN_URL} is not usable ({exc}); start it, point "
-            "DRAFTSMITH_TEST_POSTGRES_URL elsewhere, or set DRAFTSMITH_TEST_SKIP_POSTGRES=1"
-        ) from exc
-    url = make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-
-    def drop() -> None:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return url, drop
+    return fresh_postgres_database(prefix)
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +41,16 @@ def postgres_url() -> Iterator[str]:
 def fresh_postgres_url() -> Iterator[str]:
     """An empty database of its own, for migration tests."""
     url, drop = _fresh_postgres_database("draftsmith_api_mig")
+    yield url
+    drop()
+
+
+@pytest.fixture(scope="module")
+def module_postgres_url() -> Iterator[str]:
+    """A migrated database of the test module's own, for tests whose leftovers (e.g. pending webhook
+    deliveries from a fuzzer) other tests on the shared database would trip over."""
+    url, drop = _fresh_postgres_database("draftsmith_api_mod")
+    upgrade(url)
     yield url
     drop()
 

@@ -29,7 +29,7 @@ def queue_name() -> Iterator[str]:
     except redis.ConnectionError as exc:
         raise RuntimeError(f"Redis at {REDIS_URL} is required for the broker test: {exc}") from exc
     yield name
-    client.delete(name)
+    client.delete(f"{name}.gpu", f"{name}.cpu")
     client.close()
 
 
@@ -47,13 +47,14 @@ def test_readyz_and_enqueue_through_redis(sqlite_url, tmp_path, queue_name):
 
         org = harness.new_org()
         job_id = harness.create_job(org)["id"]
-        messages = redis.Redis.from_url(REDIS_URL).lrange(queue_name, 0, -1)
+        # A new job starts at prepare: the gpu queue (schemas/stages.py).
+        messages = redis.Redis.from_url(REDIS_URL).lrange(f"{queue_name}.gpu", 0, -1)
         assert len(messages) == 1
         message = json.loads(messages[0])
         assert message["headers"]["task"] == RUN_JOB_TASK
         args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
         assert args == [job_id] and kwargs == {}
-        assert message["properties"]["delivery_info"]["routing_key"] == queue_name
+        assert message["properties"]["delivery_info"]["routing_key"] == f"{queue_name}.gpu"
 
 
 def test_dead_broker_means_not_ready_and_a_resumable_job(sqlite_url, tmp_path, queue_name):
@@ -78,7 +79,7 @@ def test_dead_broker_means_not_ready_and_a_resumable_job(sqlite_url, tmp_path, q
                                                            queue_name=queue_name))
         resumed = harness.client.post(f"/v1/jobs/{job_id}/resume", headers=org.headers)
         assert resumed.status_code == 200 and resumed.json()["status"] == "queued"
-        assert redis.Redis.from_url(REDIS_URL).llen(queue_name) == 1
+        assert redis.Redis.from_url(REDIS_URL).llen(f"{queue_name}.gpu") == 1  # it resumes at prepare
 
 
 def test_embedded_filesystem_broker(sqlite_url, tmp_path):
@@ -92,3 +93,15 @@ def test_embedded_filesystem_broker(sqlite_url, tmp_path):
         message = json.loads(message_file.read_text())
         assert message["headers"]["task"] == RUN_JOB_TASK
         assert json.loads(base64.b64decode(message["body"]))[0] == [job_id]
+
+
+def test_a_resumed_job_goes_to_the_queue_of_its_next_stage(sqlite_harness):
+    from api.queue import queue_for
+    from api.states import Stage
+
+    org, queue = sqlite_harness.new_org(), sqlite_harness.services.queue
+    job_id = sqlite_harness.create_job(org)["id"]
+    assert queue.stages[-1] == "prepare" and queue_for(sqlite_harness.settings, "prepare").endswith(".gpu")
+    assert sqlite_harness.runner.run_to_end(job_id, fail_at=Stage.EXPORT) == "failed"
+    assert sqlite_harness.client.post(f"/v1/jobs/{job_id}/resume", headers=org.headers).status_code == 200
+    assert queue.stages[-1] == "export" and queue_for(sqlite_harness.settings, "export").endswith(".cpu")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from schemas import recipe
 from schemas.job_spec import JobSpec, path_is_within_roots
 from schemas.prompts import iter_prompt_records, parse_prompt_line, validate_prompt_bytes
 
@@ -26,8 +27,12 @@ def test_smallest_body_gets_every_default():
     spec = JobSpec.model_validate({"target": {"uri": "bundled:smollm2-135m"}})
     assert spec.target.allow_pickle is False and spec.target.trust_remote_code is False
     assert (spec.drafter.variant, spec.drafter.block_size, spec.drafter.num_layers) == ("dflash2", 8, 2)
-    assert (spec.data.source, spec.data.count, spec.data.holdout_share) == ("builtin", 512, 0.1)
+    assert (spec.data.source, spec.data.count, spec.data.holdout_share) == ("builtin", None, recipe.HOLDOUT_SHARE)
     assert spec.training.zero_stage == 2 and spec.publish == [] and spec.labels == {}
+    # The one recipe `draftsmith run` also trains with (schemas/recipe.py).
+    assert (spec.training.max_steps, spec.training.learning_rate, spec.training.anchors_per_sequence) == (
+        recipe.TRAIN_STEPS, recipe.LEARNING_RATE, recipe.ANCHORS_PER_SEQUENCE)
+    assert spec.validation.prompts == recipe.VALIDATION_PROMPTS
     assert spec.sampling.greedy  # reuses schemas.sampling.SamplingParams
 
 
@@ -96,11 +101,11 @@ def test_prompt_validator_reports_line_numbers():
             b'not json\n'
             b'\n'
             b'{"prompt": ""}\n'
-            b'{"messages": [{"role": "user", "content": "x", "name": "bob"}]}\n')
+            b'{"messages": [{"role": "user", "content": "x", "nickname": "bob"}]}\n')  # (`name` is OpenAI's)
     report = validate_prompt_bytes(data)
     assert not report.valid and report.prompt_count == 2 and report.line_count == 6
     assert [(e.line, e.message.split(":")[0]) for e in report.errors] == [
-        (3, "malformed JSON"), (5, "prompt"), (6, "messages.0.name")]
+        (3, "malformed JSON"), (5, "prompt"), (6, "messages.0.nickname")]
     assert validate_prompt_bytes(b"\xef\xbb\xbf" + b'{"prompt": "bom"}').valid
     many = validate_prompt_bytes(b"x\n" * 50, max_errors=5)
     assert len(many.errors) == 5 and many.truncated

@@ -7,6 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from schemas import recipe
+
 MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
 
 
@@ -186,7 +188,8 @@ def test_estimate(harness):
     response = harness.client.post("/v1/jobs/estimate?gpu_class=h100-80gb", json=body, headers=org.headers)
     assert response.status_code == 200, response.text
     estimate = response.json()
-    assert estimate["tokens_to_generate"] == 1000 * 512 and estimate["holdout_prompts"] == 100
+    assert estimate["tokens_to_generate"] == 1000 * 512
+    assert estimate["holdout_prompts"] == int(1000 * recipe.HOLDOUT_SHARE)  # the default share
     assert estimate["target_parameters_billion"] == 8.0 and "model name" in estimate["assumptions"][0]
     (h100,) = estimate["estimates"]
     assert h100["gpu_class"] == "h100-80gb" and h100["cost_usd"] > 0

@@ -137,3 +137,18 @@ def test_draftsmith_cli_registers_api_commands():
                                 cwd=REPO, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         assert expected in result.stdout
+
+
+def test_secrets_can_come_from_mounted_files(tmp_path, monkeypatch):
+    """Docker and Kubernetes mount secrets as files: one per setting, named like its variable."""
+    (tmp_path / "DRAFTSMITH_SECRET_KEY").write_text("s" * 40)
+    (tmp_path / "DRAFTSMITH_S3_SECRET_ACCESS_KEY").write_text("from-a-file")
+    monkeypatch.setenv("DRAFTSMITH_SECRETS_DIR", str(tmp_path))
+    monkeypatch.delenv("DRAFTSMITH_SECRET_KEY", raising=False)
+    monkeypatch.setenv("DRAFTSMITH_ENV", "production")
+    settings = Settings()
+    assert settings.secret_key.get_secret_value() == "s" * 40
+    assert settings.s3_secret_access_key.get_secret_value() == "from-a-file"
+    monkeypatch.setenv("DRAFTSMITH_SECRETS_DIR", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="DRAFTSMITH_SECRETS_DIR"):
+        Settings()

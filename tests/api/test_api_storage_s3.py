@@ -4,10 +4,6 @@ in the bucket, downloads answer 307 to a presigned URL that serves the exact byt
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 
 import boto3
@@ -16,38 +12,15 @@ import pytest
 
 from api.storage import LocalStorage, S3Storage, check_key, storage_from_settings
 from api_harness import build_harness, make_settings
+from services import moto_server
 
 BUCKET = "draftsmith-artifacts"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
-    port = _free_port()
-    # The pinned moto of this environment, not whatever `moto_server` happens to be first on PATH
-    # (an older one there ignores response-content-disposition on presigned GETs).
-    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                httpx.get(endpoint, timeout=1)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("moto_server did not start") from None
-                time.sleep(0.1)
+    with moto_server() as endpoint:
         yield endpoint
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 @pytest.fixture

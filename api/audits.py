@@ -1,0 +1,242 @@
+"""Drift audits (issue 12): `POST /v1/audits` measures an existing drafter against a (new) target checkpoint.
+
+An audit is a small job of its own: a row in `audits` (the truth), handed to the worker by task name
+(`draftsmith.run_audit(audit_id)` on the gpu queue), run by `worker/audits.py` through the trainer's
+`trainer.audit.run_audit` (the function `draftsmith audit` runs locally), its result stored on the row.
+
+    queued -> running -> succeeded (result + recommendation) | failed (error code + message)
+
+Admission resolves every default into the stored spec (schemas/audit.py): for a drafter id of the organisation,
+the prompts, sampling parameters and validation settings of the job that trained it and its recorded tau as
+the reference; the organisation's thresholds. Another organisation's drafter id is a 404. Quotas apply
+(api/usage.py). A worker that dies mid-audit stops heartbeating; `take_over_stale_audits` puts the audit back
+in the queue (at most `MAX_ATTEMPTS` times).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session
+
+from api.drafters import get_drafter_for_org
+from api.models import Audit, Job, Organisation, new_id, utcnow
+from api.problems import FieldError, InvalidRequest, NotFound, ServiceUnavailable, field_errors_from_pydantic
+from api.redaction import redact_text
+from api.settings import Settings
+from api.usage import check_quota
+from schemas.audit import AuditSpec, AuditThresholds, resolved
+from schemas.bounds import JsonInputError, loads_json
+from schemas.job_spec import DataSpec, ValidationSpec
+from schemas.sampling import SamplingParams
+
+log = logging.getLogger("draftsmith.api")
+MAX_ATTEMPTS = 3
+AUDIT_ID_PREFIX = "aud_"
+
+
+class AuditError(BaseModel):
+    code: str
+    message: str
+
+
+class AuditOut(BaseModel):
+    id: str
+    object: Literal["audit"] = "audit"
+    status: Literal["queued", "running", "succeeded", "failed"]
+    drafter: str = Field(description="The drafter audited, as given (an id or a URI).")
+    drafter_id: str | None
+    target_uri: str
+    target_revision: str | None = Field(description="The exact checkpoint measured (a Hub commit, an S3 digest).")
+    recommendation: Literal["keep", "warm_start", "retrain"] | None
+    result: dict[str, Any] | None = Field(description="Compatibility, lossless checks, tau overall, per position "
+                                          "and per category, the reference tau and the recommendation's reasons.")
+    error: AuditError | None
+    spec: dict[str, Any] = Field(description="The audit as admitted, every default resolved.")
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class AuditList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[AuditOut]
+    has_more: bool
+    next_cursor: str | None
+
+
+def audit_out(row: Audit) -> AuditOut:
+    return AuditOut(id=row.id, status=row.status, drafter=row.drafter_ref, drafter_id=row.drafter_id,  # type: ignore[arg-type]
+                    target_uri=row.target_uri, target_revision=row.target_revision,
+                    recommendation=row.recommendation, result=row.result,  # type: ignore[arg-type]
+                    error=AuditError(code=row.error_code, message=row.error_message or "") if row.error_code else None,
+                    spec=row.spec, attempts=row.attempts, created_at=row.created_at, started_at=row.started_at,
+                    finished_at=row.finished_at)
+
+
+def parse_audit_spec(raw: bytes, settings: Settings) -> AuditSpec:
+    try:
+        body = loads_json(raw or b"null")
+    except JsonInputError as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}", errors=[FieldError(field="body", message=str(exc))])
+    if not isinstance(body, dict):
+        raise InvalidRequest('the body must be a JSON object, e.g. {"drafter": "drf_...", "target": {"uri": "..."}}',
+                             errors=[FieldError(field="body", message="expected a JSON object")])
+    try:
+        spec = AuditSpec.model_validate(body, context={"allowed_file_roots": settings.allowed_file_roots})
+    except ValidationError as exc:
+        errors = field_errors_from_pydantic(list(exc.errors(include_url=False)))
+        raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors) from None
+    if spec.target.trust_remote_code and not settings.allow_trust_remote_code:
+        message = ("this deployment does not run code shipped with checkpoints; remove trust_remote_code or ask the "
+                   "operator to set DRAFTSMITH_ALLOW_TRUST_REMOTE_CODE=true")
+        raise InvalidRequest(message, errors=[FieldError(field="target.trust_remote_code", message=message)])
+    return spec
+
+
+def organisation_thresholds(org: Organisation) -> AuditThresholds:
+    return AuditThresholds.model_validate(org.audit_thresholds) if org.audit_thresholds else AuditThresholds()
+
+
+def create_audit(session: Session, settings: Settings, queue, *, org_id: str, spec: AuditSpec) -> Audit:
+    org = session.get(Organisation, org_id)
+    assert org is not None
+    defaults: dict[str, Any] = {"thresholds": organisation_thresholds(org)}
+    drafter_id = None
+    if spec.drafter.startswith("drf_"):
+        drafter = get_drafter_for_org(session, org_id, spec.drafter, field="drafter")
+        drafter_id = drafter.id
+        job_spec = session.scalar(select(Job.spec).where(Job.id == drafter.job_id)) or {}
+        defaults.update(
+            sampling=SamplingParams.model_validate(job_spec["sampling"]) if "sampling" in job_spec else None,
+            data=DataSpec.model_validate(job_spec["data"], context={"allowed_file_roots": ["/"]})
+            if "data" in job_spec else None,
+            validation=ValidationSpec.model_validate(job_spec["validation"]) if "validation" in job_spec else None,
+            reference_tau=drafter.tau)
+    if spec.data is not None and spec.data.source.startswith("file-"):
+        from api.models import PromptFile
+
+        if session.scalar(select(PromptFile.id).where(PromptFile.id == spec.data.source,
+                                                      PromptFile.org_id == org_id)) is None:
+            message = f"no uploaded file {spec.data.source!r} in your organisation; upload one with POST /v1/files"
+            raise InvalidRequest(message, errors=[FieldError(field="data.source", message=message)])
+    check_quota(session, org, settings, what="audit")
+    full = resolved(spec, **defaults)
+    row = Audit(id=new_id(AUDIT_ID_PREFIX), org_id=org_id, status="queued", spec=full.model_dump(mode="json"),
+                drafter_ref=spec.drafter, drafter_id=drafter_id, target_uri=spec.target.uri, attempts=0)
+    session.add(row)
+    session.commit()
+    try:
+        queue.enqueue_audit(row.id)
+    except Exception as exc:  # the broker is down: the audit exists, nobody will run it
+        log.exception("could not enqueue audit %s", row.id)
+        session.rollback()
+        row = session.get(Audit, row.id, populate_existing=True)
+        assert row is not None
+        row.status, row.finished_at = "failed", utcnow()
+        row.error_code, row.error_message = "enqueue_failed", f"broker unavailable: {redact_text(str(exc))}"[:2000]
+        session.commit()
+        raise ServiceUnavailable(f"audit {row.id} was saved but the broker is unavailable; submit it again once the "
+                                 "broker is back", headers={"Retry-After": "30"}, extra={"audit_id": row.id}) from None
+    return row
+
+
+def get_audit_for_org(session: Session, org_id: str, audit_id: str) -> Audit:
+    row = session.scalar(select(Audit).where(Audit.id == audit_id, Audit.org_id == org_id))
+    if row is None:
+        raise NotFound(f"no audit {audit_id!r} in your organisation")
+    return row
+
+
+def list_audits(session: Session, org_id: str, *, limit: int, after: str | None, drafter: str | None = None
+                ) -> tuple[list[Audit], bool]:
+    query = select(Audit).where(Audit.org_id == org_id)
+    if drafter:
+        query = query.where(or_(Audit.drafter_ref == drafter, Audit.drafter_id == drafter))
+    if after is not None:
+        query = query.where(Audit.id < after)
+    rows = list(session.scalars(query.order_by(Audit.id.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+# --- the worker's side (each commits) -------------------------------------------------------------------
+
+
+def claim_audit(session: Session, audit_id: str, worker_id: str) -> Audit | None:
+    """queued -> running for this worker; None when the audit is not queued (done, running elsewhere, gone)."""
+    now = utcnow()
+    claimed = session.execute(
+        update(Audit).where(Audit.id == audit_id, Audit.status == "queued")
+        .values(status="running", worker_id=worker_id, started_at=now, heartbeat_at=now, attempts=Audit.attempts + 1)
+        .execution_options(synchronize_session=False)).rowcount
+    session.commit()
+    return session.get(Audit, audit_id, populate_existing=True) if claimed else None
+
+
+def audit_heartbeat(session: Session, audit_id: str, worker_id: str) -> bool:
+    beat = session.execute(update(Audit).where(Audit.id == audit_id, Audit.status == "running",
+                                               Audit.worker_id == worker_id)
+                           .values(heartbeat_at=utcnow()).execution_options(synchronize_session=False)).rowcount
+    session.commit()
+    return beat > 0
+
+
+def finish_audit(session: Session, audit_id: str, worker_id: str, result: dict[str, Any], *,
+                 target_revision: str | None) -> bool:
+    done = session.execute(
+        update(Audit).where(Audit.id == audit_id, Audit.status == "running", Audit.worker_id == worker_id)
+        .values(status="succeeded", result=result, recommendation=result["recommendation"]["action"],
+                target_revision=target_revision, finished_at=utcnow(), error_code=None, error_message=None)
+        .execution_options(synchronize_session=False)).rowcount
+    session.commit()
+    return done > 0
+
+
+def fail_audit(session: Session, audit_id: str, worker_id: str, *, code: str, message: str,
+               target_revision: str | None = None) -> bool:
+    done = session.execute(
+        update(Audit).where(Audit.id == audit_id, Audit.status == "running", Audit.worker_id == worker_id)
+        .values(status="failed", error_code=code[:64], error_message=message[:10_000], finished_at=utcnow(),
+                target_revision=target_revision)
+        .execution_options(synchronize_session=False)).rowcount
+    session.commit()
+    return done > 0
+
+
+def take_over_stale_audits(session: Session, stale_after_seconds: float) -> list[str]:
+    """Running audits without a heartbeat for `stale_after_seconds`: queued again (one caller wins each), or failed
+    after MAX_ATTEMPTS. Returns the ids to enqueue."""
+    cutoff: datetime = utcnow() - timedelta(seconds=stale_after_seconds)
+    stale = session.execute(select(Audit.id, Audit.attempts).where(
+        Audit.status == "running", or_(Audit.heartbeat_at < cutoff, Audit.heartbeat_at.is_(None)))).all()
+    requeue = []
+    for audit_id, attempts in stale:
+        if attempts >= MAX_ATTEMPTS:
+            values = {"status": "failed", "error_code": "worker_lost", "finished_at": utcnow(),
+                      "error_message": f"the worker went quiet {attempts} times; submit the audit again"}
+        else:
+            values = {"status": "queued", "worker_id": None}
+        claimed = session.execute(
+            update(Audit).where(Audit.id == audit_id, Audit.status == "running",
+                                or_(Audit.heartbeat_at < cutoff, Audit.heartbeat_at.is_(None)))
+            .values(**values).execution_options(synchronize_session=False)).rowcount
+        session.commit()
+        if claimed and values["status"] == "queued":
+            requeue.append(audit_id)
+    return requeue
+
+
+def record_audit_usage(session: Session, audit_id: str, *, compute_seconds: float, tokens_generated: int) -> None:
+    from api.usage import record_usage
+
+    org_id = session.scalar(select(Audit.org_id).where(Audit.id == audit_id))
+    if org_id is None:
+        raise NotFound(f"no audit {audit_id!r}")
+    record_usage(session, org_id, audit_id=audit_id, compute_seconds=compute_seconds,
+                 tokens_generated=tokens_generated)
+    session.commit()

@@ -1,0 +1,174 @@
+// The job page's result panels: training curves (from /metrics), the validation report (τ,
+// acceptance by position and category, oracle headroom, lossless results, speed, recommended block
+// size), artifacts with download buttons, and the serving commands of the model card.
+// The charts are drawn by the shared DraftsmithCharts (draftsmith/static/charts.js), the same code
+// that draws report.html.
+
+import { api, ApiError, downloadArtifact } from "./api.js";
+import { copyText, fmtBytes, fmtNum, h, notify, replace } from "./dom.js";
+import { findModelCard, findReportArtifact, headline, loadModelCard, loadReport, servingCommands } from "./report_data.js";
+
+const Charts = () => window.DraftsmithCharts;
+
+/**
+ * Training curves; redrawn only when the series changed (the API downsamples to max_points). Only
+ * the series drawn are asked for: the worker records a dozen more per step (lr, grad_norm, ...).
+ */
+export function trainingPanel(container, jobId, blockSize) {
+  const loss = h("div", { id: "loss-chart" });
+  const positions = h("div", { id: "position-chart" });
+  replace(container, h("h2", { text: "Training" }), h("div", { class: "chart-grid" }, loss, positions));
+  let signature = "";
+  return async function refresh() {
+    const names = ["loss", ...Charts().positionMetricNames(blockSize)];
+    const metrics = await api(`/v1/jobs/${encodeURIComponent(jobId)}/metrics`, { query: { max_points: 400, name: names } });
+    const next = metrics.series.map((s) => `${s.name}:${s.total_points}:${s.points.length ? s.points[s.points.length - 1].step : ""}`).join("|");
+    if (next === signature) return;
+    signature = next;
+    const training = Charts().trainingFromSeries(metrics);
+    replace(loss);
+    replace(positions);
+    Charts().lossCurve(loss, training);
+    Charts().positionAccuracyCurves(positions, training);
+  };
+}
+
+function card(label, value, sub, key) {
+  return h("div", { class: "card", "data-figure": key },
+    h("div", { class: "label", text: label }), h("div", { class: "value", text: value }),
+    sub ? h("div", { class: "sub", text: sub }) : null);
+}
+
+function verdict(passed) {
+  if (passed === true) return h("span", { class: "ok", text: "passed" });
+  if (passed === false) return h("span", { class: "bad", text: "FAILED" });
+  return h("span", { text: "–" });
+}
+
+/** The validation report, whatever keys it has: missing ones show as "–". */
+export function renderReport(container, report, artifactName) {
+  const r = report || {};
+  const top = headline(r);
+  const greedy = (r.lossless && r.lossless.greedy) || {};
+  const sampling = (r.lossless && r.lossless.sampling) || {};
+  const speed = r.speedup && typeof r.speedup === "object" ? r.speedup : {};
+  const headroom = top.oracleTau !== null && top.tau !== null ? top.oracleTau - top.tau : null;
+  const byBlock = r.estimated_speedup_by_block_size || {};
+  const cards = h("div", { class: "cards" },
+    card("τ (mean acceptance length)", fmtNum(top.tau, 3), `block size ${r.block_size ?? "–"}`, "tau"),
+    card("oracle τ", fmtNum(top.oracleTau, 3), headroom === null ? "" : `headroom +${fmtNum(headroom, 3)} with a perfect choice among the drafter's top-K`, "oracle"),
+    card("measured speedup", top.speedup === null ? "–" : `${fmtNum(top.speedup, 3)}×`,
+         speed.ar_tokens_per_s !== undefined ? `${fmtNum(speed.ar_tokens_per_s, 1)} → ${fmtNum(speed.spec_tokens_per_s, 1)} tokens/s` : "", "speedup"),
+    card("recommended block size", top.recommended === null ? "–" : String(top.recommended),
+         [Number.isInteger(top.recommended) ? `draft length ${top.recommended - 1}` : "",
+          byBlock[top.recommended] !== undefined ? `estimated ${fmtNum(byBlock[top.recommended], 3)}×` : ""]
+           .filter(Boolean).join(", "), "recommended"),
+    card("greedy mismatches", greedy.mismatches === undefined ? "–" : String(greedy.mismatches),
+         greedy.prompts !== undefined ? `over ${greedy.prompts} prompts` : "", "mismatches"),
+    card("sampling test", sampling.p_value === undefined ? "–" : `p = ${fmtNum(sampling.p_value, 4)}`,
+         sampling.draws !== undefined ? `${sampling.draws} draws, α = ${sampling.alpha ?? "–"}` : "", "sampling"));
+  const charts = h("div", { class: "chart-grid" });
+  const lossless = h("table", { class: "facts", id: "lossless-table" },
+    h("caption", { text: "Lossless checks" }),
+    h("tbody", {},
+      h("tr", {}, h("th", { scope: "row", text: "verdict" }), h("td", {}, verdict(top.passed))),
+      h("tr", {}, h("th", { scope: "row", text: "greedy exact match" }),
+        h("td", { text: `${greedy.mismatches ?? "–"} mismatches over ${greedy.prompts ?? "–"} prompts` })),
+      h("tr", {}, h("th", { scope: "row", text: "first divergence" }),
+        h("td", { class: "mono", text: greedy.first_divergence ? JSON.stringify(greedy.first_divergence) : "none" })),
+      h("tr", {}, h("th", { scope: "row", text: "sampling test" }),
+        h("td", {}, verdict(sampling.passed), ` p = ${fmtNum(sampling.p_value, 4)} (α ${sampling.alpha ?? "–"}, ${sampling.draws ?? "–"} draws, ${sampling.cells ?? "–"} cells)`)),
+      h("tr", {}, h("th", { scope: "row", text: "method" }), h("td", { text: sampling.test || "–" })),
+      h("tr", {}, h("th", { scope: "row", text: "speed measured with" }), h("td", { text: speed.decoding || "–" }))));
+  replace(container, h("h2", { text: "Validation" }),
+    h("p", { class: "muted", text: `From ${artifactName}.` }), cards, charts, lossless);
+  const run = [{ label: "this drafter", report: r }];
+  const position = h("div");
+  const category = h("div");
+  const block = h("div");
+  charts.append(position, category, block);
+  Charts().acceptanceByPosition(position, run);
+  Charts().acceptanceByCategory(category, run);
+  Charts().speedupByBlockSize(block, r);
+}
+
+/** Artifacts table with sizes, sha256 and download buttons; returns the list for the caller. */
+export function renderArtifacts(container, jobId, artifacts) {
+  if (!artifacts.length) {
+    replace(container, h("h2", { text: "Artifacts" }), h("p", { class: "muted", text: "No artifacts yet." }));
+    return;
+  }
+  const rows = artifacts.map((a) => {
+    const button = h("button", { type: "button", class: "small", "data-download": a.name, text: "Download",
+                                 "aria-label": `Download ${a.name}` });
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      try {
+        await downloadArtifact(jobId, a.name);
+      } catch (error) {
+        if (!(error instanceof ApiError) || error.status !== 401) notify(`Download failed: ${error.message}`, "error");
+      } finally {
+        button.disabled = false;
+      }
+    });
+    return h("tr", { "data-artifact": a.name },
+      h("td", { class: "mono", text: a.name }), h("td", { text: a.kind }), h("td", { text: a.stage || "–" }),
+      h("td", { class: "num", title: `${a.size_bytes} bytes`, text: fmtBytes(a.size_bytes) }),
+      h("td", {}, h("code", { class: "sha", title: a.sha256, "data-sha256": a.sha256, text: `${a.sha256.slice(0, 12)}…` })),
+      h("td", {}, button));
+  });
+  replace(container, h("h2", { text: "Artifacts" }),
+    h("div", { class: "table-wrap" }, h("table", { class: "compact", id: "artifacts-table" },
+      h("caption", { class: "visually-hidden", text: "Artifacts" }),
+      h("thead", {}, h("tr", {}, ["Name", "Kind", "Stage", "Size", "sha256", "Download"].map((t) => h("th", { scope: "col", text: t })))),
+      h("tbody", {}, rows))));
+}
+
+export function renderServing(container, commands) {
+  if (!commands.length) {
+    replace(container);
+    return;
+  }
+  replace(container, h("h2", { text: "Serve it" }),
+    h("p", { class: "muted", text: "From the model card (README.md) of this drafter." }),
+    commands.map((command, index) => {
+      const codeId = `serving-${index}`;
+      const button = h("button", { type: "button", class: "small", "aria-label": `Copy the ${command.title} command`,
+                                   "aria-describedby": codeId, text: "Copy" });
+      button.addEventListener("click", async () => {
+        try {
+          await copyText(command.code);
+          notify(`${command.title} command copied.`);
+        } catch (error) {
+          notify(`Could not copy: ${error.message}`, "error");
+        }
+      });
+      return h("figure", { class: "command", "data-command": command.title },
+        h("figcaption", { text: command.title }),
+        h("pre", { tabindex: "0" }, h("code", { id: codeId, text: command.code })), button);
+    }));
+}
+
+/**
+ * Artifacts, then (when they exist) the report and the model card. Returns a refresh function;
+ * the report and card are fetched once per artifact sha256.
+ */
+export function resultsPanels({ artifacts, report, serving }, jobId) {
+  let reportSha = null;
+  let cardSha = null;
+  return async function refresh() {
+    const list = (await api(`/v1/jobs/${encodeURIComponent(jobId)}/artifacts`)).data;
+    renderArtifacts(artifacts, jobId, list);
+    const reportArtifact = findReportArtifact(list);
+    if (reportArtifact && reportArtifact.sha256 !== reportSha) {
+      renderReport(report, await loadReport(jobId, reportArtifact), reportArtifact.name);
+      reportSha = reportArtifact.sha256;
+    }
+    const cardArtifact = findModelCard(list);
+    if (cardArtifact && cardArtifact.sha256 !== cardSha) {
+      renderServing(serving, servingCommands(await loadModelCard(jobId, cardArtifact)));
+      cardSha = cardArtifact.sha256;
+    }
+    return list;
+  };
+}

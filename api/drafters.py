@@ -1,0 +1,232 @@
+"""Published drafters and their lineage (issue 12).
+
+Every succeeded job publishes one drafter; the worker records it in the publish stage
+(`stage_runner.record_drafter`) with its lineage:
+
+    target       URI as submitted, the exact revision fetched (Hub commit, S3 digest), fingerprint
+    data         the prompts source and its revision, the regenerated set's size and where it is stored
+    parent       the drafter a warm start began from (an id of the organisation, or a URI)
+    recipe       the job spec's drafter, training, sampling and validation sections
+    code         the Draftsmith version (and git commit, when known) and package versions the train stage ran
+
+and its validation metrics (tau per position and category, the lossless verdict, speedup, the parent's tau on
+the same target when warm-started). `GET /v1/drafters` lists an organisation's drafters, `GET
+/v1/drafters/{id}` shows one with its chain of parents. A warm start or an audit names a drafter by its id;
+another organisation's id answers 404, exactly like a missing one.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.models import Artifact, Drafter, Job, Publication, utcnow
+from api.problems import FieldError, InvalidRequest, NotFound
+from schemas.job_spec import DRAFTER_ID_RE, JobSpec
+
+MAX_CHAIN = 100
+SHAPE_FIELDS = {"variant": "drafter.variant", "num_layers": "drafter.num_layers", "block_size": "drafter.block_size"}
+
+
+class DrafterTarget(BaseModel):
+    uri: str
+    revision: str | None = Field(description="The exact version trained for: a Hub commit, an S3 digest.")
+    fingerprint: str = Field(description="Hash of the target's tokenizer and embedding.")
+
+
+class DrafterParent(BaseModel):
+    id: str | None = Field(description="The parent drafter's id, when it is one of your organisation's.")
+    ref: str = Field(description="init.from_drafter as the job gave it.")
+
+
+class DrafterOut(BaseModel):
+    id: str
+    object: Literal["drafter"] = "drafter"
+    job_id: str
+    name: str | None
+    created_at: datetime
+    target: DrafterTarget
+    parent: DrafterParent | None
+    variant: str
+    block_size: int
+    num_layers: int
+    tau: float | None = Field(description="Held-out tau at validation, bonus token counted.")
+    lossless: bool
+    config: dict[str, Any] = Field(description="The drafter's shape: hidden and vocabulary size, taps, mask token...")
+    metrics: dict[str, Any]
+    lineage: dict[str, Any] = Field(description="data snapshot, recipe, code and package versions")
+    manifest_sha256: str
+    artifacts_path: str = Field(description="GET this path for the drafter's files (safetensors, GGUF, card, report).")
+    publications: list[dict[str, Any]]
+
+
+class DrafterLink(BaseModel):
+    id: str
+    job_id: str
+    created_at: datetime
+    target_uri: str
+    target_revision: str | None
+    tau: float | None
+    parent_ref: str | None
+
+
+class DrafterDetail(DrafterOut):
+    chain: list[DrafterLink] = Field(description="This drafter, its parent, the parent's parent... oldest last.")
+
+
+class DrafterList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[DrafterOut]
+    has_more: bool
+    next_cursor: str | None
+
+
+def get_drafter_for_org(session: Session, org_id: str, drafter_id: str, *, field: str | None = None) -> Drafter:
+    """The drafter, if it belongs to `org_id` (and its job succeeded); otherwise 404, like a missing one."""
+    row = None
+    if DRAFTER_ID_RE.match(drafter_id):
+        row = session.scalar(select(Drafter).join(Job, Job.id == Drafter.job_id).where(
+            Drafter.id == drafter_id, Drafter.org_id == org_id, Job.status == "succeeded"))
+    if row is None:
+        raise NotFound(f"no drafter {drafter_id!r} in your organisation" + (f" ({field})" if field else "")
+                       + "; GET /v1/drafters lists yours")
+    return row
+
+
+def check_warm_start(session: Session, org_id: str, spec: JobSpec) -> Drafter | None:
+    """At submit: a warm start from a drafter id must name one of the organisation's drafters (404 otherwise)
+    of the job's shape (422 naming the field). URIs are checked by the worker, which fetches them."""
+    if spec.init is None or not spec.init.from_drafter.startswith("drf_"):
+        return None
+    parent = get_drafter_for_org(session, org_id, spec.init.from_drafter, field="init.from_drafter")
+    errors = []
+    for attribute, field in SHAPE_FIELDS.items():
+        wanted, had = getattr(spec.drafter, attribute), getattr(parent, attribute)
+        if wanted != had:
+            errors.append(FieldError(field=field, message=f"{wanted!r} differs from the parent drafter {parent.id}'s "
+                                                          f"{had!r}; a warm start keeps the parent's shape: set "
+                                                          f"{field} to {had!r}, or drop init to train from scratch"))
+    for attribute, field in (("target_layer_ids", "drafter.target_layer_ids"), ("mask_token_id", "drafter.mask_token_id")):
+        wanted, had = getattr(spec.drafter, attribute), parent.config.get(attribute)
+        if wanted is not None and had is not None and wanted != had:
+            errors.append(FieldError(field=field, message=f"{wanted!r} differs from the parent drafter {parent.id}'s "
+                                                          f"{had!r}; leave it unset to keep the parent's"))
+    if errors:
+        raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors)
+    return parent
+
+
+def record_drafter(session: Session, job_id: str, *, target_revision: str | None, target_fingerprint: str,
+                   config: dict[str, Any], metrics: dict[str, Any], lineage: dict[str, Any],
+                   manifest_sha256: str) -> Drafter:
+    """The job's drafter (recording it again replaces the record: a rerun of publish). Does not commit."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    if not re.fullmatch(r"[0-9a-f]{64}", manifest_sha256):
+        raise ValueError("manifest_sha256 must be 64 lowercase hex characters")
+    spec = job.spec
+    parent_ref = (spec.get("init") or {}).get("from_drafter")
+    parent_id = None
+    if parent_ref and DRAFTER_ID_RE.match(parent_ref):
+        parent_id = session.scalar(select(Drafter.id).where(Drafter.id == parent_ref, Drafter.org_id == job.org_id))
+    row = session.scalar(select(Drafter).where(Drafter.job_id == job_id))
+    if row is None:
+        row = Drafter(job_id=job_id, org_id=job.org_id)
+        session.add(row)
+    drafter = spec.get("drafter") or {}
+    row.parent_id, row.parent_ref, row.name = parent_id, parent_ref, job.name
+    row.target_uri, row.target_revision, row.target_fingerprint = spec["target"]["uri"], target_revision, target_fingerprint
+    row.variant, row.block_size, row.num_layers = drafter["variant"], drafter["block_size"], drafter["num_layers"]
+    row.tau = metrics.get("tau")
+    row.lossless = bool(metrics.get("lossless_passed"))
+    row.config, row.metrics, row.lineage, row.manifest_sha256 = config, metrics, lineage, manifest_sha256
+    row.created_at = utcnow()
+    session.flush()
+    return row
+
+
+def _publications(session: Session, job_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {job_id: [] for job_id in job_ids}
+    if job_ids:
+        for p in session.scalars(select(Publication).where(Publication.job_id.in_(job_ids))
+                                 .order_by(Publication.created_at)):
+            found[p.job_id].append({"kind": p.kind, "location": p.location, "revision": p.revision, "url": p.url})
+    return found
+
+
+def drafter_out(row: Drafter, publications: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": row.id, "job_id": row.job_id, "name": row.name, "created_at": row.created_at,
+        "target": {"uri": row.target_uri, "revision": row.target_revision, "fingerprint": row.target_fingerprint},
+        "parent": {"id": row.parent_id, "ref": row.parent_ref} if row.parent_ref else None,
+        "variant": row.variant, "block_size": row.block_size, "num_layers": row.num_layers, "tau": row.tau,
+        "lossless": row.lossless, "config": row.config, "metrics": row.metrics, "lineage": row.lineage,
+        "manifest_sha256": row.manifest_sha256, "artifacts_path": f"/v1/jobs/{row.job_id}/artifacts",
+        "publications": publications,
+    }
+
+
+def drafters_out(session: Session, rows: list[Drafter]) -> list[DrafterOut]:
+    publications = _publications(session, [row.job_id for row in rows])
+    return [DrafterOut.model_validate(drafter_out(row, publications[row.job_id])) for row in rows]
+
+
+def list_drafters(session: Session, org_id: str, *, limit: int, after: str | None,
+                  target_fingerprint: str | None = None, target_uri: str | None = None,
+                  job_id: str | None = None) -> tuple[list[Drafter], bool]:
+    query = select(Drafter).join(Job, Job.id == Drafter.job_id).where(Drafter.org_id == org_id,
+                                                                       Job.status == "succeeded")
+    if target_fingerprint:
+        query = query.where(Drafter.target_fingerprint == target_fingerprint)
+    if target_uri:
+        query = query.where(Drafter.target_uri == target_uri)
+    if job_id:
+        query = query.where(Drafter.job_id == job_id)
+    if after is not None:
+        query = query.where(Drafter.id < after)
+    rows = list(session.scalars(query.order_by(Drafter.id.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def drafter_detail(session: Session, org_id: str, drafter_id: str) -> DrafterDetail:
+    row = get_drafter_for_org(session, org_id, drafter_id)
+    chain, current, seen = [], row, set()
+    while current is not None and current.id not in seen and len(chain) < MAX_CHAIN:
+        seen.add(current.id)
+        chain.append(DrafterLink(id=current.id, job_id=current.job_id, created_at=current.created_at,
+                                 target_uri=current.target_uri, target_revision=current.target_revision,
+                                 tau=current.tau, parent_ref=current.parent_ref))
+        current = session.scalar(select(Drafter).where(Drafter.id == current.parent_id, Drafter.org_id == org_id)) \
+            if current.parent_id else None
+    out = drafter_out(row, _publications(session, [row.job_id])[row.job_id])
+    return DrafterDetail.model_validate({**out, "chain": [link.model_dump() for link in chain]})
+
+
+def rollout_summary(session: Session, job: Job) -> dict[str, Any] | None:
+    """What a deployment system needs to roll a succeeded job's drafter out (webhook `job.succeeded`): the
+    drafter id and parent, the target it is for, the lossless verdict and acceptance, the serving settings, every
+    artifact with its sha256, and where it was published."""
+    row = session.scalar(select(Drafter).where(Drafter.job_id == job.id))
+    if row is None:
+        return None
+    artifacts = [{"name": a.name, "kind": a.kind, "sha256": a.sha256, "size_bytes": a.size_bytes,
+                  "download_path": f"/v1/jobs/{job.id}/artifacts/{a.name}"}
+                 for a in session.scalars(select(Artifact).where(Artifact.job_id == job.id).order_by(Artifact.name))]
+    metrics = row.metrics or {}
+    return {
+        "id": row.id, "parent": {"id": row.parent_id, "ref": row.parent_ref} if row.parent_ref else None,
+        "target": {"uri": row.target_uri, "revision": row.target_revision, "fingerprint": row.target_fingerprint},
+        "lossless": {"passed": row.lossless, "greedy_mismatches": metrics.get("greedy_mismatches"),
+                     "sampling_p_value": metrics.get("sampling_p_value")},
+        "tau": row.tau, "parent_tau": metrics.get("parent_tau"), "block_size": row.block_size,
+        "recommended_block_size": metrics.get("recommended_block_size"),
+        "serving": metrics.get("serving"),
+        "manifest_sha256": row.manifest_sha256, "artifacts": artifacts,
+        "publications": _publications(session, [job.id])[job.id],
+    }

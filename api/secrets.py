@@ -1,0 +1,99 @@
+"""Organisation secrets: publishing credentials an organisation stores once and jobs reference by name
+(`publish[].credentials_secret`, `publish[].token_secret`). Job bodies never carry secret values.
+
+Values are encrypted at rest with Fernet (AES-128-CBC + HMAC-SHA256) under a key derived from
+`DRAFTSMITH_SECRETS_KEY`, or from `DRAFTSMITH_SECRET_KEY` when that is unset. The API writes them and never
+reads them back out; the worker decrypts one when it publishes. Neither the value nor a fragment of it
+ever appears in a response, an event or a log line.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+
+from cryptography.fernet import Fernet, InvalidToken
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.models import OrgSecret, utcnow
+from api.problems import FieldError, InvalidRequest, NotFound
+from api.settings import Settings
+from schemas.job_spec import SECRET_NAME_PATTERN, JobSpec
+
+MAX_SECRET_BYTES = 16 * 1024
+_NAME_RE = re.compile(SECRET_NAME_PATTERN)
+
+
+class SecretUnavailable(Exception):
+    """A referenced secret is missing or cannot be decrypted (the encryption key changed). The message names
+    the secret, never its value."""
+
+
+def _fernet(settings: Settings) -> Fernet:
+    source = settings.secrets_key or settings.secret_key
+    digest = hashlib.sha256(b"draftsmith/org-secrets/v1\0" + source.get_secret_value().encode()).digest()
+    return Fernet(base64.urlsafe_b64encode(digest))
+
+
+def check_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise InvalidRequest("a secret name is 1-63 characters of a-z, 0-9, '_', '.', '-', starting with a letter "
+                             "or digit", errors=[FieldError(field="name", message="invalid secret name")])
+    return name
+
+
+def put_secret(session: Session, settings: Settings, org_id: str, name: str, value: str) -> OrgSecret:
+    check_name(name)
+    if not value or len(value.encode()) > MAX_SECRET_BYTES:
+        raise InvalidRequest(f"a secret value is 1 to {MAX_SECRET_BYTES} bytes",
+                             errors=[FieldError(field="value", message=f"1 to {MAX_SECRET_BYTES} bytes")])
+    ciphertext = _fernet(settings).encrypt(value.encode()).decode()
+    row = session.get(OrgSecret, (org_id, name))
+    if row is None:
+        row = OrgSecret(org_id=org_id, name=name, ciphertext=ciphertext)
+        session.add(row)
+    else:
+        row.ciphertext, row.updated_at = ciphertext, utcnow()
+    session.commit()
+    return row
+
+
+def list_secrets(session: Session, org_id: str) -> list[OrgSecret]:
+    return list(session.scalars(select(OrgSecret).where(OrgSecret.org_id == org_id).order_by(OrgSecret.name)))
+
+
+def delete_secret(session: Session, org_id: str, name: str) -> None:
+    row = session.get(OrgSecret, (org_id, check_name(name)))
+    if row is None:
+        raise NotFound(f"no secret {name!r} in your organisation")
+    session.delete(row)
+    session.commit()
+
+
+def secret_value(session: Session, settings: Settings, org_id: str, name: str) -> str:
+    """The decrypted value, for the worker's publishing step only."""
+    row = session.get(OrgSecret, (org_id, name))
+    if row is None:
+        raise SecretUnavailable(f"organisation secret {name!r} does not exist; store it with PUT /v1/secrets/{name}")
+    try:
+        return _fernet(settings).decrypt(row.ciphertext.encode()).decode()
+    except InvalidToken:
+        raise SecretUnavailable(f"organisation secret {name!r} cannot be decrypted with this deployment's key "
+                                "(DRAFTSMITH_SECRETS_KEY changed?); store it again") from None
+
+
+def check_referenced_secrets(session: Session, org_id: str, spec: JobSpec) -> None:
+    """Refuse a job naming a secret the organisation has not stored, before anything runs."""
+    known = {row.name for row in list_secrets(session, org_id)}
+    errors = []
+    for index, destination in enumerate(spec.publish):
+        field = "credentials_secret" if destination.kind == "s3" else "token_secret"
+        name = getattr(destination, field)
+        if name is not None and name not in known:
+            errors.append(FieldError(field=f"publish.{index}.{field}",
+                                     message=f"no secret {name!r} in your organisation; create it with "
+                                     f"PUT /v1/secrets/{name}"))
+    if errors:
+        raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors)
