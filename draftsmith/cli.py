@@ -21,10 +21,16 @@ LAZY_COMMANDS: dict[str, str] = {
     "train": "trainer.cli:train",
     "validate": "trainer.cli:validate",
     "export": "trainer.cli:export",
-    "run": "trainer.cli:run",
+    "run": "trainer.cli_run:run",
     "api": "api.cli:api",
     "db": "api.cli:db",
     "keys": "api.cli:keys",
+    "worker": "worker.cli:worker",
+    "serve": "worker.cli:serve",
+    "submit": "draftsmith.submit:submit",
+    "audit": "draftsmith.pipeline_cli:audit",
+    "drafters": "draftsmith.pipeline_cli:drafters",
+    "usage": "draftsmith.pipeline_cli:usage",
 }
 
 

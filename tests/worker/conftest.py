@@ -1,0 +1,81 @@
+"""The service for real: a fresh PostgreSQL database, a private redis-server (restartable), S3 through a
+moto_server, the Hub through a local stand-in (the real Hub cannot be reached from here), `draftsmith api`
+and `draftsmith worker` processes. Jobs train a tiny random Llama with SmolLM2's real tokenizer, so every
+stage (GGUF export included) runs in seconds."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # worker_harness
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: services, hub_standin, tiny_targets
+
+from hub_standin import HubStandIn  # noqa: E402
+from services import RedisServer, fresh_postgres_database, moto_server, start_api  # noqa: E402
+from tiny_targets import make_bpe_target  # noqa: E402
+from worker_harness import API_KEY, HUB_TOKEN, STORAGE_BUCKET, Service  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> Path:
+    """The allowed root for file:// targets, holding the tiny BPE target."""
+    root = tmp_path_factory.mktemp("models")
+    make_bpe_target(root / "bpe", num_layers=4)
+    return root
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory, models) -> Iterator[Service]:
+    from api.db import upgrade
+
+    root = tmp_path_factory.mktemp("service")
+    database_url, drop_database = fresh_postgres_database("draftsmith_worker_test")
+    redis = RedisServer(root)
+    redis.start()
+    with moto_server() as s3_endpoint, HubStandIn(HUB_TOKEN) as hub:
+        s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        for bucket in (STORAGE_BUCKET, "published"):
+            s3.create_bucket(Bucket=bucket)
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith(("DRAFTSMITH_", "AWS_"))}
+        env = {
+            **inherited,
+            "DRAFTSMITH_ENV": "development", "DRAFTSMITH_DEV_API_KEY": API_KEY,
+            "DRAFTSMITH_DATABASE_URL": database_url, "DRAFTSMITH_BROKER_URL": redis.url,
+            "DRAFTSMITH_QUEUE_NAME": f"draftsmith-test-{int(time.time())}",
+            "DRAFTSMITH_STORAGE_URL": f"s3://{STORAGE_BUCKET}/service",
+            "DRAFTSMITH_S3_ENDPOINT_URL": s3_endpoint, "DRAFTSMITH_S3_ACCESS_KEY_ID": "testing",
+            "DRAFTSMITH_S3_SECRET_ACCESS_KEY": "testing",
+            "DRAFTSMITH_ALLOWED_FILE_ROOTS": str(models),
+            "DRAFTSMITH_HF_ENDPOINT": hub.url, "DRAFTSMITH_HF_TOKEN": HUB_TOKEN,
+            "DRAFTSMITH_WORKER_HEARTBEAT_SECONDS": "1", "DRAFTSMITH_WORKER_STALE_AFTER_SECONDS": "6",
+            "DRAFTSMITH_WEBHOOK_DISPATCH_INTERVAL_SECONDS": "0",
+            "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false",
+        }
+        upgrade(database_url)
+        api, url = start_api(env, root / "api.log")
+        service = Service(env, url, root, redis, hub, s3_endpoint, models)
+        try:
+            yield service
+        finally:
+            for worker in service.workers:
+                worker.stop(timeout=10)
+            api.stop()
+            redis.stop()
+            drop_database()
+
+
+@pytest.fixture
+def workers(service: Service) -> Iterator[Service]:
+    """The service, with every worker a test starts stopped at its end."""
+    yield service
+    for worker in service.workers:
+        worker.stop(timeout=15)
+    service.workers.clear()

@@ -1,0 +1,74 @@
+"""The embedded default: `draftsmith serve` runs the API and a worker on SQLite, local storage and a broker
+that needs no server; `draftsmith submit --wait --download` drives a job to verified artifacts over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from schemas.manifest import verify_manifest
+from services import DraftsmithProcess, free_port, wait_until
+from worker_harness import tiny_spec
+
+pytestmark = pytest.mark.slow
+KEY = "dsk_dev_embedded_test_key"
+
+
+def _worker_processes_of(data_dir: Path) -> list[int]:
+    """Pids of live processes whose environment names this data directory (the serve's worker)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if str(data_dir).encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return [pid for pid in found if pid != os.getpid()]
+
+
+def test_serve_runs_a_submitted_job_to_verified_artifacts(tmp_path, models):
+    data_dir, port = tmp_path / "data", free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_")},
+           "DRAFTSMITH_ALLOWED_FILE_ROOTS": str(models), "DRAFTSMITH_DEV_API_KEY": KEY}
+    server = DraftsmithProcess(["serve", "--port", str(port), "--data-dir", str(data_dir)], env, tmp_path / "serve.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def ready() -> bool:
+            assert server.alive(), server.log()[-3000:]
+            try:
+                return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(ready, 90, "draftsmith serve")
+        assert f"serving at {url}" in server.log() and f"API key (development): {KEY}" in server.log()
+        spec = tmp_path / "job.json"
+        spec.write_text(json.dumps(tiny_spec(f"file://{models}/bpe")))
+        submit = subprocess.run(
+            [sys.executable, "-m", "draftsmith.cli", "submit", "--url", url, "--api-key", KEY, "--spec", str(spec),
+             "--wait", "--download", str(tmp_path / "artifacts")],
+            capture_output=True, text=True, timeout=600, env=env)
+        assert submit.returncode == 0, submit.stderr[-3000:] + server.log()[-3000:]
+        job_id = submit.stdout.strip().splitlines()[-1]
+        assert re.fullmatch(r"job_[0-9A-Z]{26}", job_id)
+        assert "train" in submit.stderr and "100.0%" in submit.stderr  # the progress fed by the event stream
+        assert verify_manifest(tmp_path / "artifacts") == []
+        assert (tmp_path / "artifacts" / "gguf" / "drafter-q8_0.gguf").is_file()
+        # Everything lives under the data directory: database, broker messages, storage, worker cache.
+        assert (data_dir / "draftsmith.db").is_file()
+        assert (data_dir / "storage" / "jobs" / job_id / "artifacts" / "manifest.json").is_file()
+
+        failing = subprocess.run(
+            [sys.executable, "-m", "draftsmith.cli", "submit", "--url", url, "--api-key", KEY,
+             "--target", f"file://{models}/missing", "--wait"], capture_output=True, text=True, timeout=300, env=env)
+        assert failing.returncode == 1 and "target_not_found" in failing.stderr
+    finally:
+        server.stop()
+    wait_until(lambda: not _worker_processes_of(data_dir), 30, "the worker to exit with serve")

@@ -1,0 +1,120 @@
+"""Jobs survive what production throws at them: a worker killed mid-training, a broker restart, a user's
+cancel. Each resumes from its last checkpoint in object storage; nothing is duplicated or half-written.
+
+A tiny drafter trains a step in milliseconds on a quiet machine, faster than the fault can be injected (the
+tests watch the job's metrics over HTTP). So each job is given far more steps than it can run before the fault
+lands, and the assertions are about what the fault left behind, not about the step it hit."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker_harness import tiny_spec
+
+pytestmark = pytest.mark.slow
+STEPS = 400  # far more than run between "training has started" and the fault (see the module docstring)
+
+
+def _checkpoints(service, job_id: str) -> list[str]:
+    listing = service.s3().list_objects_v2(Bucket="draftsmith-storage",
+                                           Prefix=f"service/jobs/{job_id}/work/train/checkpoints/")
+    names = {item["Key"].split("/checkpoints/")[1].split("/")[0] for item in listing.get("Contents", [])}
+    return sorted(name for name in names if name.startswith("step-"))
+
+
+def test_sigkilled_worker_is_replaced_and_the_job_resumes_from_its_last_checkpoint(workers, models):
+    service = workers
+    spec = tiny_spec(f"file://{models}/bpe", training={"max_steps": STEPS, "checkpoint_every": 5})
+    first = service.start_worker(name="doomed")
+    job_id = service.submit(spec)
+    service.wait_for(job_id, lambda job: service.training_step(job_id) >= 12, 300, "training past step 12")
+    first.kill()  # SIGKILL: no cleanup, no acknowledgement, the attempt still says "running"
+    killed_at = service.training_step(job_id)
+    assert killed_at < STEPS, "training finished before the kill: nothing was tested"
+    uploaded = [int(name.removeprefix("step-")) for name in _checkpoints(service, job_id)]
+    assert uploaded and max(uploaded) >= 10  # checkpoints reached object storage while it trained
+
+    service.start_worker(name="rescuer")  # another machine: its own empty cache, everything from storage
+    job = service.wait_terminal(job_id, timeout=300)
+    assert job["status"] == "succeeded", job["error"]
+    assert job["run_attempts"] == 2  # the restart shows
+    train = [s for s in job["stages"] if s["stage"] == "train"]
+    assert [s["status"] for s in train] == ["abandoned", "succeeded"]
+    assert train[0]["worker_id"] != train[1]["worker_id"]
+    events = service.events(job_id)
+    assert any("went quiet" in e["message"] for e in events)
+    resumed = next(e for e in events if e["message"].startswith("resuming training from checkpoint"))
+    assert int(resumed["data"]["checkpoint"].removeprefix("step-")) >= 10  # not from scratch
+    with service.http as http:
+        series = http.get(f"/v1/jobs/{job_id}/metrics", params={"name": "loss", "max_points": 1000}).json()
+        steps = [p["step"] for p in series["series"][0]["points"]]
+        assert steps == list(range(1, STEPS + 1)), f"killed at {killed_at}: {steps}"  # each step once
+        artifacts = http.get(f"/v1/jobs/{job_id}/artifacts").json()["data"]
+    names = [a["name"] for a in artifacts]
+    assert len(names) == len(set(names)) and "manifest.json" in names
+
+
+def test_a_broker_restart_mid_job_does_not_stop_it(workers, models):
+    service = workers
+    s3 = service.s3()  # the target comes from S3 this time
+    for path in (models / "bpe").iterdir():
+        s3.upload_file(str(path), "published", f"targets/bpe/{path.name}")
+    spec = tiny_spec("s3://published/targets/bpe", training={"max_steps": 30, "checkpoint_every": 10})
+    # Training runs as a 2-process torchrun job (gloo); its metrics stream back into the job as it trains.
+    service.start_worker("gpu", name="gpu-r", DRAFTSMITH_WORKER_NPROC="2")
+    service.start_worker("cpu", name="cpu-r")  # export and publish need a hand-over through the broker
+    job_id = service.submit(spec)
+    service.wait_for(job_id, lambda job: service.training_step(job_id) >= 3, 300, "training to start")
+    service.redis.restart(down_seconds=3)  # a fresh, empty Redis: queued messages are gone, workers reconnect
+    job = service.wait_terminal(job_id, timeout=300)
+    assert job["status"] == "succeeded", job["error"]
+    assert [s["status"] for s in job["stages"]] == ["succeeded"] * 6
+    assert job["run_attempts"] == 2  # the gpu worker, then the cpu worker: no restart was needed
+    assert service.training_step(job_id) == 30
+    with service.http as http:
+        artifacts = {a["name"] for a in http.get(f"/v1/jobs/{job_id}/artifacts").json()["data"]}
+    assert "manifest.json" in artifacts
+
+
+def test_cancel_stops_training_within_a_step_with_a_checkpoint_and_resume_finishes(workers, models):
+    service = workers
+    spec = tiny_spec(f"file://{models}/bpe", training={"max_steps": STEPS, "checkpoint_every": 1000})
+    service.start_worker(name="cancel")
+    job_id = service.submit(spec)
+    service.wait_for(job_id, lambda job: service.training_step(job_id) >= 3, 300, "training to start")
+    with service.http as http:
+        assert http.post(f"/v1/jobs/{job_id}/cancel").json()["status"] == "cancelling"
+    asked_at = service.training_step(job_id)
+    job = service.wait_terminal(job_id, timeout=120)
+    assert job["status"] == "cancelled"
+    stopped_at = service.training_step(job_id)
+    # The worker polls every second (heartbeat) and the loop checks every step: a few steps at most.
+    assert asked_at <= stopped_at < STEPS
+    assert _checkpoints(service, job_id) == [f"step-{stopped_at:06d}"]  # the cancel wrote one
+    assert [s["status"] for s in job["stages"] if s["stage"] == "train"] == ["cancelled"]
+
+    with service.http as http:
+        assert http.post(f"/v1/jobs/{job_id}/resume").json()["status"] == "queued"
+    job = service.wait_terminal(job_id, timeout=400)
+    assert job["status"] == "succeeded", job["error"]
+    events = service.events(job_id)
+    resumed = next(e for e in events if e["message"].startswith("resuming training from checkpoint"))
+    assert resumed["data"]["checkpoint"] == f"step-{stopped_at:06d}"
+    assert [s["status"] for s in job["stages"] if s["stage"] == "prepare"] == ["succeeded"]  # not rerun
+
+
+def test_a_worker_told_to_stop_hands_its_job_over_with_a_checkpoint(workers, models):
+    service = workers
+    spec = tiny_spec(f"file://{models}/bpe", training={"max_steps": STEPS, "checkpoint_every": 1000})
+    leaving = service.start_worker(name="leaving")
+    job_id = service.submit(spec)
+    service.wait_for(job_id, lambda job: service.training_step(job_id) >= 3, 300, "training to start")
+    leaving.terminate_main()  # a scale-in or a deploy: warm shutdown
+    assert leaving.process.wait(timeout=120) == 0  # it finished its part promptly instead of training on
+    (drained,) = _checkpoints(service, job_id)
+    service.start_worker(name="staying")
+    job = service.wait_terminal(job_id, timeout=300)
+    assert job["status"] == "succeeded", job["error"]
+    assert [s["status"] for s in job["stages"] if s["stage"] == "train"] == ["abandoned", "succeeded"]
+    resumed = next(e for e in service.events(job_id) if e["message"].startswith("resuming training from"))
+    assert resumed["data"]["checkpoint"] == drained

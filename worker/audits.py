@@ -1,0 +1,107 @@
+"""`run_audit(ctx, audit_id)`: what the Celery task `draftsmith.run_audit` does, as a plain function.
+
+    claim the audit (queued -> running; nothing to do if another worker has it or it is done)
+    fetch the target, the drafter and the prompts (worker/sources.py, worker/drafters.py), with a heartbeat
+    trainer.audit.run_audit: the function `draftsmith audit` runs locally
+    succeeded with the report and recommendation | failed with the error's code and message
+
+A bad input (an unreachable checkpoint, an incompatible drafter, a bad prompts file) fails the audit with a
+message naming it. An infrastructure error (database, broker, storage unreachable) leaves the audit running
+without a heartbeat: the reaper queues it again (api/audits.py take_over_stale_audits). The compute and tokens
+spent count towards the organisation's usage however it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from sqlalchemy import select
+
+from api.audits import audit_heartbeat, claim_audit, fail_audit, finish_audit, record_audit_usage
+from api.models import PromptFile
+from schemas.audit import AuditSpec
+from trainer.errors import DraftsmithError
+from worker.context import WorkerContext
+from worker.drafters import resolve_drafter
+from worker.errors import infrastructure_errors, storage_refusal
+from worker.sources import resolve_prompts, resolve_target
+
+log = logging.getLogger("draftsmith.worker")
+
+
+class _Heartbeat(threading.Thread):
+    def __init__(self, ctx: WorkerContext, audit_id: str):
+        super().__init__(name=f"heartbeat-{audit_id}", daemon=True)
+        self.ctx, self.audit_id, self.done = ctx, audit_id, threading.Event()
+
+    def run(self) -> None:
+        with self.ctx.session_factory() as session:
+            while not self.done.wait(self.ctx.settings.worker_heartbeat_seconds):
+                try:
+                    audit_heartbeat(session, self.audit_id, self.ctx.worker_id)
+                except Exception:  # a blip; the next beat tries again
+                    session.rollback()
+                    log.warning("heartbeat for audit %s failed", self.audit_id, exc_info=True)
+
+
+def run_audit(ctx: WorkerContext, audit_id: str) -> str:
+    from trainer.audit import run_audit as measure
+
+    with ctx.session_factory() as session:
+        row = claim_audit(session, audit_id, ctx.worker_id)
+        if row is None:
+            return "nothing_to_do"
+        org_id, stored = row.org_id, row.spec
+    spec = AuditSpec.model_validate(stored, context={"allowed_file_roots": ["/"]})  # admitted already
+    heartbeat = _Heartbeat(ctx, audit_id)
+    heartbeat.start()
+    started, tokens, target_revision = time.monotonic(), 0, None
+    outcome = "failed"
+    try:
+        target = resolve_target(spec.target.uri, ctx.settings, ctx.cache, allow_pickle=spec.target.allow_pickle,
+                                trust_remote_code=spec.target.trust_remote_code)
+        target_revision = target.revision
+        drafter = resolve_drafter(spec.drafter, ctx, org_id)
+        assert spec.data is not None
+        uploaded_key = None
+        if spec.data.source.startswith("file-"):
+            with ctx.session_factory() as session:
+                uploaded_key = session.scalar(select(PromptFile.storage_key).where(
+                    PromptFile.id == spec.data.source, PromptFile.org_id == org_id))
+        prompts = resolve_prompts(spec.data.source, ctx.settings, ctx.cache, uploaded_key=uploaded_key,
+                                  storage=ctx.storage)
+        report = measure(spec, target=target.path, drafter=drafter.path, prompts=prompts.path)
+        report["drafter_revision"] = drafter.revision
+        tokens = report["tokens_generated"]
+        with ctx.session_factory() as session:
+            finish_audit(session, audit_id, ctx.worker_id, report, target_revision=target_revision)
+        outcome = f"succeeded: {report['recommendation']['action']}"
+    except DraftsmithError as error:
+        _fail(ctx, audit_id, error.code, str(error), target_revision)
+    except infrastructure_errors():
+        outcome = "interrupted"
+        raise  # no heartbeat from here on: the reaper queues the audit again
+    except Exception as error:  # a bug, or storage refusing: shown on the audit, not retried
+        refusal = storage_refusal(error)
+        if refusal is None:
+            log.exception("audit %s crashed", audit_id)
+        _fail(ctx, audit_id, "storage_error" if refusal else "internal_error",
+              refusal or f"{type(error).__name__}: {error}"[:2000], target_revision)
+    finally:
+        heartbeat.done.set()
+        heartbeat.join(timeout=30)
+        if outcome != "interrupted":
+            try:
+                with ctx.session_factory() as session:
+                    record_audit_usage(session, audit_id, compute_seconds=round(time.monotonic() - started, 3),
+                                       tokens_generated=tokens)
+            except Exception:
+                log.warning("audit %s: could not record its usage", audit_id, exc_info=True)
+    return outcome
+
+
+def _fail(ctx: WorkerContext, audit_id: str, code: str, message: str, target_revision: str | None) -> None:
+    with ctx.session_factory() as session:
+        fail_audit(session, audit_id, ctx.worker_id, code=code, message=message, target_revision=target_revision)

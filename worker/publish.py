@@ -1,0 +1,168 @@
+"""The publish stage: the job's registered artifacts copied to each destination of `spec.publish`.
+
+    s3  every file under `s3://bucket/prefix/<name>` (multipart above 8 MiB, SHA-256 checksums checked by the
+        store, object metadata: job id, target fingerprint, sha256), each verified by a HEAD afterwards;
+        manifest.json goes last, so a listed manifest means a complete copy.
+    hf  a private repo created if missing, the artifact folder uploaded in one commit (model card included);
+        the commit sha is recorded on the job.
+
+Credentials: an organisation secret named by the destination (stored encrypted, decrypted here only), or
+the deployment's own. They never appear in errors, events or logs: a failure says which destination and
+what the service answered, and any text that could echo a credential is scrubbed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from sqlalchemy import select
+
+from api import stage_runner as runner
+from api.models import Artifact, Job
+from api.redaction import register_secret_values
+from api.secrets import SecretUnavailable, secret_value
+from api.storage import s3_client
+from schemas.job_spec import HuggingFaceDestination, JobSpec, S3Destination
+from trainer.errors import DraftsmithError
+from worker.context import WorkerContext
+from worker.reporting import StageReporter
+
+MULTIPART_BYTES = 8 << 20
+
+
+class PublishError(DraftsmithError):
+    code = "publish_failed"
+
+
+def publish_job(ctx: WorkerContext, job: Job, spec: JobSpec, reporter: StageReporter) -> dict:
+    if not spec.publish:
+        return {"destinations": 0}
+    folder = _artifacts_here(ctx, job.id, reporter)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    fingerprint = _fingerprint(folder)
+    for index, destination in enumerate(spec.publish):
+        secrets: list[str] = []
+        try:
+            if isinstance(destination, S3Destination):
+                location, revision, url = _to_s3(ctx, job, destination, folder, manifest, fingerprint, secrets)
+            else:
+                location, revision, url = _to_hub(ctx, job, destination, folder, secrets)
+        except SecretUnavailable as exc:
+            raise PublishError(f"publish[{index}]: {exc}") from None
+        except PublishError:
+            raise
+        except Exception as exc:  # a library error: name the destination, never the credential
+            raise PublishError(f"publish[{index}] ({_describe(destination)}) failed: "
+                               f"{_scrub(_explain(exc), secrets)}") from None
+        runner.record_publication(reporter.session, job.id, kind=destination.kind, location=location,
+                                  revision=revision, url=url)
+        reporter.progress("publish", (index + 1) / len(spec.publish), f"published to {location}")
+    return {"destinations": len(spec.publish)}
+
+
+def _artifacts_here(ctx: WorkerContext, job_id: str, reporter: StageReporter) -> Path:
+    """The job's registered artifacts in a local folder (a CPU worker may not be the one that exported)."""
+    folder = ctx.job_dir(job_id) / "publish"
+    shutil.rmtree(folder, ignore_errors=True)
+    rows = reporter.session.scalars(select(Artifact).where(Artifact.job_id == job_id)).all()
+    if not any(row.name == "manifest.json" for row in rows):
+        raise PublishError("the job has no exported manifest.json to publish; run the export stage first")
+    for row in rows:
+        ctx.storage.get_file(row.storage_key, folder / row.name)
+    return folder
+
+
+def _fingerprint(folder: Path) -> str:
+    config = json.loads((folder / "drafter" / "config.json").read_text())
+    return str((config.get("draftsmith") or {}).get("target_fingerprint") or "")
+
+
+def _to_s3(ctx: WorkerContext, job: Job, destination: S3Destination, folder: Path, manifest: dict,
+           fingerprint: str, secrets: list[str]) -> tuple[str, str, str]:
+    from boto3.s3.transfer import TransferConfig
+
+    credentials: dict = {}
+    if destination.credentials_secret:
+        with ctx.session_factory() as session:
+            raw = secret_value(session, ctx.settings, job.org_id, destination.credentials_secret)
+        _hold(secrets, raw)
+        try:
+            given = json.loads(raw)
+            credentials = {"access_key_id": given["access_key_id"], "secret_access_key": given["secret_access_key"],
+                           "endpoint_url": given.get("endpoint_url"), "region": given.get("region")}
+        except (ValueError, KeyError, TypeError):
+            raise PublishError(f"secret {destination.credentials_secret!r} must be JSON with access_key_id and "
+                               "secret_access_key (optionally endpoint_url, region)") from None
+        _hold(secrets, credentials["secret_access_key"])
+    client = s3_client(ctx.settings, **credentials)
+    bucket, _, prefix = destination.uri.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/")
+    transfer = TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES)
+    names = [*manifest["files"], "manifest.json"]
+    for name in names:
+        sha256 = manifest["files"][name]["sha256"] if name in manifest["files"] else None
+        key = f"{prefix}/{name}" if prefix else name
+        extra = {"Metadata": {"draftsmith-job-id": job.id, "target-fingerprint": fingerprint,
+                              **({"sha256": sha256} if sha256 else {})},
+                 "ChecksumAlgorithm": "SHA256"}
+        if not destination.private:
+            extra["ACL"] = "public-read"
+        client.upload_file(str(folder / name), bucket, key, ExtraArgs=extra, Config=transfer)
+        head = client.head_object(Bucket=bucket, Key=key)
+        if head["ContentLength"] != (folder / name).stat().st_size or \
+                (sha256 and head.get("Metadata", {}).get("sha256") != sha256):
+            raise PublishError(f"s3://{bucket}/{key} does not match what was uploaded (size or sha256 differ)")
+    manifest_sha = hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()
+    location = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+    return location, manifest_sha, f"{location}/manifest.json"
+
+
+def _to_hub(ctx: WorkerContext, job: Job, destination: HuggingFaceDestination, folder: Path,
+            secrets: list[str]) -> tuple[str, str, str]:
+    from huggingface_hub import HfApi
+
+    token = None
+    if destination.token_secret:
+        with ctx.session_factory() as session:
+            token = secret_value(session, ctx.settings, job.org_id, destination.token_secret)
+    elif ctx.settings.hf_token:
+        token = ctx.settings.hf_token.get_secret_value()
+    if token:
+        _hold(secrets, token)
+    api = HfApi(endpoint=ctx.settings.hf_endpoint, token=token)
+    repo_url = api.create_repo(destination.repo, private=destination.private, exist_ok=True, repo_type="model")
+    commit = api.upload_folder(repo_id=destination.repo, folder_path=folder, repo_type="model",
+                               commit_message=f"Draftsmith job {job.id}: DFlash drafter",
+                               commit_description="Trained, validated lossless and exported by Draftsmith.")
+    return str(repo_url), commit.oid, commit.commit_url
+
+
+def _hold(secrets: list[str], value: str) -> None:
+    """A credential in use: scrubbed from this failure's message, and from every log line of this process."""
+    secrets.append(value)
+    register_secret_values(value)
+
+
+def _describe(destination: S3Destination | HuggingFaceDestination) -> str:
+    return destination.uri if isinstance(destination, S3Destination) else f"hf://{destination.repo}"
+
+
+def _explain(exc: Exception) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and "Error" in response:  # botocore ClientError
+        error = response["Error"]
+        return f"S3 answered {error.get('Code', 'an error')}"
+    status = getattr(response, "status_code", None)
+    if status is not None:  # huggingface_hub HfHubHTTPError
+        return f"the Hub answered HTTP {status}"
+    return type(exc).__name__
+
+
+def _scrub(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text

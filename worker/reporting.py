@@ -1,0 +1,116 @@
+"""A running stage's line to the database: progress events, training metrics, a heartbeat, and the
+cancellation poll, all through the stage-runner API.
+
+The trainer reports progress as a fraction of the stage; this is the one place it becomes the API's
+percent. Progress events and metric points are batched (at most one write a second), because a fast GPU
+step must not wait on a database round trip. The heartbeat runs on its own thread with its own session:
+it keeps the attempt visibly alive while the stage computes, and it is where a cancellation (or a takeover
+by another worker, if this one stalled) is noticed, which `should_stop` then tells the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from api import stage_runner as runner
+from schemas.stages import Stage
+from trainer.pipeline import step_metrics
+from worker.context import WorkerContext
+
+log = logging.getLogger("draftsmith.worker")
+FLUSH_SECONDS = 1.0
+DRAINING = "this worker is shutting down"
+
+
+def drain_marker(ctx: WorkerContext, worker_pid: int) -> Path:
+    """A file the worker's main process writes on a warm shutdown (SIGTERM): its pool processes see it at their
+    next heartbeat and hand their job over with a checkpoint, instead of running on until the grace period ends."""
+    return ctx.cache / f"draining-{worker_pid}"
+
+
+class StageReporter:
+    def __init__(self, ctx: WorkerContext, job_id: str, stage: Stage):
+        self.ctx, self.job_id, self.stage = ctx, job_id, stage
+        self.session = ctx.session_factory()
+        self.stop_reason: str | None = None
+        self._pending_metrics: list[tuple[int, dict[str, float]]] = []
+        self._replaced_older = False
+        self._last_flush = 0.0
+        self._last_percent = -1.0
+        self._last_progress_at = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
+
+    def __enter__(self) -> StageReporter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(timeout=30)
+        try:
+            self.flush()
+        finally:
+            self.session.close()
+
+    # --- hooks handed to the trainer (trainer.pipeline.StageHooks) -------------------------------------
+
+    def progress(self, stage: str, fraction: float, detail: str) -> None:
+        percent = round(max(0.0, min(1.0, fraction)) * 100, 1)
+        now = time.monotonic()
+        if percent == self._last_percent or (now - self._last_progress_at < FLUSH_SECONDS and 0 < percent < 100):
+            return
+        self._last_percent, self._last_progress_at = percent, now
+        runner.record_event(self.session, self.job_id, f"{stage}: {detail}", stage=self.stage, progress=percent)
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        self._pending_metrics.append((step, values))
+        if time.monotonic() - self._last_flush >= FLUSH_SECONDS:
+            self.flush()
+
+    def restore_metrics(self, metrics_file: Path, up_to_step: int) -> None:
+        """Make the stage's series exactly the records of `metrics_file` up to `up_to_step` (a checkpoint's),
+        before a resumed run replays the steps after it."""
+        records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()] \
+            if metrics_file.is_file() else []
+        runner.discard_metrics(self.session, self.job_id, self.stage, 0)
+        for record in records:
+            if record.get("step", up_to_step + 1) <= up_to_step:
+                runner.record_metrics(self.session, self.job_id, record["step"], step_metrics(record), stage=self.stage)
+
+    def should_stop(self) -> bool:
+        return self.stop_reason is not None
+
+    def event(self, message: str, *, level: str = "info", data: dict | None = None) -> None:
+        runner.record_event(self.session, self.job_id, message, stage=self.stage, level=level, data=data)
+
+    def flush(self) -> None:
+        pending, self._pending_metrics = self._pending_metrics, []
+        if pending and not self._replaced_older:  # a resumed stage replays steps an earlier attempt recorded
+            runner.discard_metrics(self.session, self.job_id, self.stage, pending[0][0])
+            self._replaced_older = True
+        for step, values in pending:
+            runner.record_metrics(self.session, self.job_id, step, values, stage=self.stage)
+        self._last_flush = time.monotonic()
+
+    # --- the heartbeat thread -------------------------------------------------------------------------
+
+    def _beat(self) -> None:
+        interval = self.ctx.settings.worker_heartbeat_seconds
+        with self.ctx.session_factory() as session:
+            while not self._done.wait(interval):
+                try:
+                    if drain_marker(self.ctx, os.getppid()).exists():
+                        self.stop_reason = self.stop_reason or DRAINING
+                    if not runner.heartbeat(session, self.job_id, self.stage, self.ctx.worker_id):
+                        self.stop_reason = self.stop_reason or "the attempt was taken over or ended elsewhere"
+                    elif runner.cancellation_requested(session, self.job_id):
+                        self.stop_reason = "cancellation requested"
+                except Exception:  # a database blip must not kill the stage; the next beat tries again
+                    session.rollback()
+                    log.warning("heartbeat for %s failed", self.job_id, exc_info=True)
