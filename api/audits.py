@@ -19,18 +19,18 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from api.drafters import get_drafter_for_org
+from api.jobs import parse_spec
 from api.models import Audit, Job, Organisation, new_id, utcnow
-from api.problems import FieldError, InvalidRequest, NotFound, ServiceUnavailable, field_errors_from_pydantic
+from api.problems import FieldError, InvalidRequest, NotFound, ServiceUnavailable
 from api.redaction import redact_text
 from api.settings import Settings
 from api.usage import check_quota
 from schemas.audit import AuditSpec, AuditThresholds, resolved
-from schemas.bounds import JsonInputError, loads_json
 from schemas.job_spec import DataSpec, ValidationSpec
 from schemas.sampling import SamplingParams
 
@@ -80,23 +80,7 @@ def audit_out(row: Audit) -> AuditOut:
 
 
 def parse_audit_spec(raw: bytes, settings: Settings) -> AuditSpec:
-    try:
-        body = loads_json(raw or b"null")
-    except JsonInputError as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}", errors=[FieldError(field="body", message=str(exc))])
-    if not isinstance(body, dict):
-        raise InvalidRequest('the body must be a JSON object, e.g. {"drafter": "drf_...", "target": {"uri": "..."}}',
-                             errors=[FieldError(field="body", message="expected a JSON object")])
-    try:
-        spec = AuditSpec.model_validate(body, context={"allowed_file_roots": settings.allowed_file_roots})
-    except ValidationError as exc:
-        errors = field_errors_from_pydantic(list(exc.errors(include_url=False)))
-        raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors) from None
-    if spec.target.trust_remote_code and not settings.allow_trust_remote_code:
-        message = ("this deployment does not run code shipped with checkpoints; remove trust_remote_code or ask the "
-                   "operator to set DRAFTSMITH_ALLOW_TRUST_REMOTE_CODE=true")
-        raise InvalidRequest(message, errors=[FieldError(field="target.trust_remote_code", message=message)])
-    return spec
+    return parse_spec(raw, settings, AuditSpec, '{"drafter": "drf_...", "target": {"uri": "..."}}')
 
 
 def organisation_thresholds(org: Organisation) -> AuditThresholds:

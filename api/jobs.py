@@ -16,8 +16,9 @@ import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import exists, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -48,21 +49,21 @@ from schemas.job_spec import JobSpec
 log = logging.getLogger("draftsmith.api")
 _IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
 JOB_ID_RE = re.compile(r"^job_[0-9A-Z]{26}$")
+SpecT = TypeVar("SpecT", bound=BaseModel)
 
 
-def parse_job_spec(raw: bytes, settings: Settings) -> JobSpec:
-    """Validate a request body as a JobSpec with this deployment's rules; errors name each field."""
+def parse_spec(raw: bytes, settings: Settings, model: type[SpecT], example: str) -> SpecT:
+    """Validate a request body as `model` (a job or audit spec) with this deployment's rules; errors name each
+    field. `example` is the smallest valid body, shown when the body is not a JSON object."""
     try:
         body = loads_json(raw or b"null")  # bounded: depth, 64-bit numbers, no NaN, UTF-8 only
     except JsonInputError as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}", errors=[FieldError(field="body", message=str(exc))])
     if not isinstance(body, dict):
-        raise InvalidRequest(
-            'the body must be a JSON object, e.g. {"target": {"uri": "bundled:smollm2-135m"}}',
-            errors=[FieldError(field="body", message="expected a JSON object")],
-        )
+        raise InvalidRequest(f"the body must be a JSON object, e.g. {example}",
+                             errors=[FieldError(field="body", message="expected a JSON object")])
     try:
-        spec = JobSpec.model_validate(body, context={"allowed_file_roots": settings.allowed_file_roots})
+        spec = model.model_validate(body, context={"allowed_file_roots": settings.allowed_file_roots})
     except ValidationError as exc:
         errors = field_errors_from_pydantic(list(exc.errors(include_url=False)))
         raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors) from None
@@ -73,6 +74,10 @@ def parse_job_spec(raw: bytes, settings: Settings) -> JobSpec:
         )
         raise InvalidRequest(message, errors=[FieldError(field="target.trust_remote_code", message=message)])
     return spec
+
+
+def parse_job_spec(raw: bytes, settings: Settings) -> JobSpec:
+    return parse_spec(raw, settings, JobSpec, '{"target": {"uri": "bundled:smollm2-135m"}}')
 
 
 def load_stored_spec(stored: dict) -> JobSpec:

@@ -21,12 +21,10 @@ import base64
 import hashlib
 import hmac
 import json
-import re
 import time
-from pathlib import PurePosixPath
 
 from fastapi import APIRouter
-from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
@@ -34,13 +32,13 @@ from api.deps import ReadPrincipal, ServicesDep, SessionDep
 from api.jobs import get_job_for_org
 from api.models import ApiKey, Artifact
 from api.problems import NotFound, PayloadTooLarge
+from api.routes.job_data import artifact_response
 from api.settings import Settings
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 LINK_TTL_SECONDS = 120
 INLINE_MAX_BYTES = 8 << 20  # a report or model card is a few KB; anything larger is a download
 _PURPOSE = b"draftsmith-dashboard-download-v1"  # a key of its own, derived from the deployment secret
-_UNSAFE_FILENAME_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
 class DownloadLinkIn(BaseModel):
@@ -110,22 +108,8 @@ def follow_download_link(token: str, session: SessionDep, services: ServicesDep)
     artifact = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.name == claims.get("n")))
     if artifact is None:
         raise NotFound(f"job {job.id} has no artifact {claims.get('n')!r}")
-    filename = _UNSAFE_FILENAME_CHARS.sub("_", PurePosixPath(artifact.name).name) or "artifact"
-    url = services.storage.presigned_url(artifact.storage_key, filename=filename)
-    if url is not None:
-        return RedirectResponse(url, status_code=307)
-    if not services.storage.exists(artifact.storage_key):
-        raise NotFound(f"artifact {artifact.name!r} is registered but its bytes are missing from storage")
-    return StreamingResponse(
-        services.storage.open_chunks(artifact.storage_key),
-        media_type=artifact.content_type,
-        headers={
-            "Content-Length": str(artifact.size_bytes),
-            "Content-Disposition": f'attachment; filename="{filename}"',
-            "ETag": f'"{artifact.sha256}"',
-            "Cache-Control": "no-store",
-        },
-    )
+    # no-store: the link itself is the credential; a shared cache must not keep the bytes behind it.
+    return artifact_response(services, artifact, cache_control="no-store")
 
 
 @router.get("/jobs/{job_id}/artifacts/{name:path}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import PurePosixPath
@@ -208,6 +209,25 @@ def list_artifacts(principal: ReadPrincipal, session: SessionDep, job_id: str) -
     return ArtifactList(data=[_artifact_out(a) for a in artifacts])
 
 
+_UNSAFE_FILENAME_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def artifact_response(services: Services, artifact: Artifact, *, cache_control: str | None = None) -> Response:
+    """An artifact's bytes: a redirect to a presigned URL when the storage makes one, else streamed from it."""
+    filename = _UNSAFE_FILENAME_CHARS.sub("_", PurePosixPath(artifact.name).name) or "artifact"
+    url = services.storage.presigned_url(artifact.storage_key, filename=filename)
+    if url is not None:
+        return RedirectResponse(url, status_code=307)
+    if not services.storage.exists(artifact.storage_key):
+        raise NotFound(f"artifact {artifact.name!r} is registered but its bytes are missing from storage")
+    headers = {"Content-Length": str(artifact.size_bytes), "Content-Disposition": f'attachment; filename="{filename}"',
+               "ETag": f'"{artifact.sha256}"'}
+    if cache_control:
+        headers["Cache-Control"] = cache_control
+    return StreamingResponse(services.storage.open_chunks(artifact.storage_key), media_type=artifact.content_type,
+                             headers=headers)
+
+
 @router.get(
     "/artifacts/{name:path}",
     summary="Download an artifact",
@@ -223,18 +243,4 @@ def download_artifact(principal: ReadPrincipal, session: SessionDep, services: S
     artifact = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.name == name))
     if artifact is None:
         raise NotFound(f"job {job.id} has no artifact {name!r}")
-    filename = PurePosixPath(artifact.name).name
-    url = services.storage.presigned_url(artifact.storage_key, filename=filename)
-    if url is not None:
-        return RedirectResponse(url, status_code=307)
-    if not services.storage.exists(artifact.storage_key):
-        raise NotFound(f"artifact {name!r} is registered but its bytes are missing from storage")
-    return StreamingResponse(
-        services.storage.open_chunks(artifact.storage_key),
-        media_type=artifact.content_type,
-        headers={
-            "Content-Length": str(artifact.size_bytes),
-            "Content-Disposition": f'attachment; filename="{filename}"',
-            "ETag": f'"{artifact.sha256}"',
-        },
-    )
+    return artifact_response(services, artifact)
