@@ -29,6 +29,7 @@ from schemas.stages import LOCAL_STAGES, Stage
 from trainer.atomic import atomic_write_json
 from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.training.config import TrainConfig
+from trainer.training.distributed import LAUNCHER_VARIABLES  # noqa: F401  (public: callers that start ranks)
 from trainer.validation import SAMPLING_DRAWS, VALIDATION_MAX_NEW_TOKENS, VALIDATION_PROMPTS
 
 Progress = Callable[[str, float, str], None]

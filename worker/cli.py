@@ -51,7 +51,7 @@ def worker(queues: str, concurrency: int, loglevel: str) -> None:
     os.environ["DRAFTSMITH_WORKER_QUEUES"] = ",".join(names)  # read by worker.context in every pool process
     # A worker is never a rank itself: launcher variables inherited from a parent that trained in-process would
     # point every in-process training at that parent's (busy) rendezvous port.
-    from trainer.training.distributed import LAUNCHER_VARIABLES
+    from trainer.pipeline import LAUNCHER_VARIABLES
 
     for name in LAUNCHER_VARIABLES:
         os.environ.pop(name, None)

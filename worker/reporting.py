@@ -80,7 +80,7 @@ class StageReporter:
             if metrics_file.is_file() else []
         runner.discard_metrics(self.session, self.job_id, self.stage, 0)
         for record in records:
-            if record.get("step", up_to_step + 1) <= up_to_step:
+            if record["step"] <= up_to_step:
                 runner.record_metrics(self.session, self.job_id, record["step"], step_metrics(record), stage=self.stage)
 
     def should_stop(self) -> bool:
