@@ -145,6 +145,19 @@ class DraftsmithProcess:
     def log(self) -> str:
         return self.log_file.read_text(errors="replace")
 
+    def wait_ready(self, url: str, timeout: float = 90) -> None:
+        """Until the server at `url` answers /readyz with 200; fails with its log if the process dies first."""
+        import httpx
+
+        def ready() -> bool:
+            assert self.alive(), self.log()[-3000:]
+            try:
+                return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(ready, timeout, f"draftsmith {self.process.args[3]}")
+
     def kill(self) -> None:
         """SIGKILL the whole process group: the worker and every process it started, with no chance to clean up."""
         self._signal(signal.SIGKILL)

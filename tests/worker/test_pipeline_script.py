@@ -16,7 +16,7 @@ import httpx
 import pytest
 import torch
 
-from services import DraftsmithProcess, free_port, wait_until
+from services import DraftsmithProcess, free_port
 from worker_harness import tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -68,14 +68,7 @@ def test_the_pipeline_script_retrains_warm_starts_and_keeps_against_draftsmith_s
                               text=True, timeout=900)
 
     try:
-        def ready() -> bool:
-            assert server.alive(), server.log()[-3000:]
-            try:
-                return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(ready, 90, "draftsmith serve")
+        server.wait_ready(url)
         http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
 
         first = pipeline(f"file://{models}/bpe")  # no drafter yet: a drafter from scratch

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from schemas.manifest import verify_manifest
@@ -40,14 +39,7 @@ def test_serve_runs_a_submitted_job_to_verified_artifacts(tmp_path, models):
     server = DraftsmithProcess(["serve", "--port", str(port), "--data-dir", str(data_dir)], env, tmp_path / "serve.log")
     url = f"http://127.0.0.1:{port}"
     try:
-        def ready() -> bool:
-            assert server.alive(), server.log()[-3000:]
-            try:
-                return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(ready, 90, "draftsmith serve")
+        server.wait_ready(url)
         assert f"serving at {url}" in server.log() and f"API key (development): {KEY}" in server.log()
         spec = tmp_path / "job.json"
         spec.write_text(json.dumps(tiny_spec(f"file://{models}/bpe")))
