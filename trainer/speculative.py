@@ -9,6 +9,7 @@ target, which is what losslessness is checked against.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -55,6 +56,19 @@ class DecodeResult:
         return sum(self.acceptance_lengths) / max(len(self.cycles), 1)
 
 
+@dataclass
+class Prefill:
+    """The target's pass over one prompt, kept to start many decodes of that prompt (the sampling test draws
+    hundreds of continuations of each prompt; each decode starts from a copy, so none sees another's tokens)."""
+
+    prompt_ids: tuple[int, ...]
+    cache: object
+    logits: torch.Tensor
+    """The target's logits after the last prompt token."""
+    context: torch.Tensor | None
+    """The prompt's tapped features (the drafter's first context), None without a drafter."""
+
+
 class SpeculativeDecoder:
     def __init__(self, target: Target, drafter: Drafter | None = None, block_size: int | None = None,
                  record_candidates: bool = False, use_draft_vocab: bool = True):
@@ -72,22 +86,39 @@ class SpeculativeDecoder:
         self.draft_head = None if vocab is None else target.lm_head.weight[self.draft_vocab].contiguous()
 
     @torch.inference_mode()
+    def prefill(self, prompt_ids: list[int]) -> Prefill:
+        """The target's pass over the prompt, capturing the drafter's taps."""
+        cache = self.target.new_cache()
+        taps = list(self.drafter.config.target_layer_ids) if self.block_size > 1 else None
+        logits, context = self.target.forward(
+            torch.tensor([prompt_ids], device=self.target.device), self._positions(0, len(prompt_ids)),
+            cache=cache, tap_layer_ids=taps, logits_to_keep=1,
+        )
+        return Prefill(tuple(prompt_ids), cache, logits[0, -1], context)
+
+    @torch.inference_mode()
     def generate(self, prompt_ids: list[int], params: SamplingParams, *, max_new_tokens: int | None = None,
-                 stop_token_ids: list[int] | None = None, generator: torch.Generator | None = None) -> DecodeResult:
+                 stop_token_ids: list[int] | None = None, generator: torch.Generator | None = None,
+                 prefill: Prefill | None = None) -> DecodeResult:
+        """Decode one response. `prefill`: a kept `self.prefill(prompt_ids)` to start from (copied, never
+        changed) instead of running the prompt through the target again."""
         target, device = self.target, self.target.device
         prompt_len = len(prompt_ids)
         max_length = prompt_len + (max_new_tokens or params.max_new_tokens)
         stop = set(target.stop_token_ids() if stop_token_ids is None else stop_token_ids)
         taps = list(self.drafter.config.target_layer_ids) if self.block_size > 1 else None
-        target_cache = target.new_cache()
         drafter_cache = DrafterCache(self.drafter.config.num_layers) if self.block_size > 1 else None
 
         started = time.perf_counter()
-        logits, context = target.forward(
-            torch.tensor([prompt_ids], device=device), self._positions(0, prompt_len),
-            cache=target_cache, tap_layer_ids=taps, logits_to_keep=1,
-        )
-        tokens = list(prompt_ids) + [self._choose(logits[0, -1], params, generator)]
+        if prefill is None:
+            prefill = self.prefill(prompt_ids)
+            target_cache = prefill.cache
+        elif prefill.prompt_ids != tuple(prompt_ids) or (prefill.context is None) != (taps is None):
+            raise ValueError("the prefill was made for another prompt or another decoder")
+        else:
+            target_cache = copy.deepcopy(prefill.cache)
+        context = prefill.context
+        tokens = list(prompt_ids) + [self._choose(prefill.logits, params, generator)]
         context_start = 0
         result = DecodeResult(tokens=[], prefill_seconds=time.perf_counter() - started)
 

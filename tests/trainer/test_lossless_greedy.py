@@ -53,6 +53,20 @@ def test_stop_token_and_max_tokens_inside_a_cycle(tiny_qwen3):
         assert short.tokens == plain.tokens[:max_new]
 
 
+
+def test_decodes_from_one_kept_prefill_equal_fresh_ones(tiny_qwen3):
+    """The sampling test starts many decodes from one prompt pass: each must equal a decode that ran the
+    prompt itself, and none may change what the next one starts from."""
+    drafter = random_drafter(tiny_qwen3, "dflash2", block_size=8)
+    decoder = SpeculativeDecoder(tiny_qwen3, drafter)
+    fresh = decoder.generate([7, 8, 9], GREEDY, stop_token_ids=[])
+    kept = decoder.prefill([7, 8, 9])
+    for _ in range(2):
+        again = decoder.generate([7, 8, 9], GREEDY, stop_token_ids=[], prefill=kept)
+        assert again.tokens == fresh.tokens and again.acceptance_lengths == fresh.acceptance_lengths
+    with pytest.raises(ValueError, match="another prompt"):
+        decoder.generate([7, 8], GREEDY, prefill=kept)
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["dflash", "dflash2"])
 @pytest.mark.parametrize("block_size", [2, 8, 16])

@@ -58,9 +58,11 @@ def test_run_produces_the_artifact_layout(finished_run):
                  "manifest.json"):
         assert (out / name).is_file(), name
     manifest = json.loads((out / "manifest.json").read_text())
+    # The default recipe drafts over a draft vocabulary (this target has SmolLM2's 49k tokens): its table and
+    # the llama.cpp GGUF that reads it come beside the full-head files.
     assert set(manifest["files"]) == {"drafter/config.json", "drafter/model.safetensors", "gguf/drafter-f16.gguf",
                                       "gguf/drafter-q8_0.gguf", "README.md", "report.json", "metrics.jsonl",
-                                      "report.html"}
+                                      "report.html", "drafter/draft_vocab.safetensors", "gguf/drafter-q8_0-d2t.gguf"}
     assert verify_manifest(out) == []
     (out / "README.md").write_text((out / "README.md").read_text() + "tampered")
     assert verify_manifest(out) == ["README.md: content differs from the manifest"]

@@ -10,6 +10,7 @@ decoder's own; only the drafting is replaced."""
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -37,9 +38,10 @@ class GreedyTargetDrafter(SpeculativeDecoder):
         self.drafter = SimpleNamespace(config=SimpleNamespace(target_layer_ids=(0,), num_layers=1))
         self.best: dict[tuple[int, ...], int] = {}
 
-    def generate(self, prompt_ids, params, **kwargs):
+    def generate(self, prompt_ids, params, *, prefill=None, **kwargs):
         self.history = list(prompt_ids)
-        return super().generate(prompt_ids, params, **kwargs)
+        self.prompt = prefill or self.prefill(prompt_ids)
+        return super().generate(prompt_ids, params, prefill=prefill, **kwargs)
 
     def _choose(self, logits, params, generator):
         token = super()._choose(logits, params, generator)
@@ -56,7 +58,9 @@ class GreedyTargetDrafter(SpeculativeDecoder):
         for _ in range(verify - 1):
             key = tuple(prefix + drafts)
             if key not in self.best:  # draws share prefixes: one target pass per distinct prefix
-                logits, _ = self.target.forward(torch.tensor([list(key)]), logits_to_keep=1)
+                cache, known = copy.deepcopy(self.prompt.cache), len(self.prompt.prompt_ids)
+                logits, _ = self.target.forward(torch.tensor([list(key[known:])]),
+                                                torch.arange(known, len(key))[None], cache=cache, logits_to_keep=1)
                 self.best[key] = int(target_probs(logits[0, -1], params).argmax())
             best = self.best[key]
             drafts.append(best)

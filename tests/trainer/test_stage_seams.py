@@ -15,6 +15,7 @@ from tiny_targets import make_tiny_target
 
 import trainer.pipeline
 from draftsmith.cli import main as cli
+from schemas import recipe
 from schemas.job_spec import DataSpec, DrafterSpec, InitSpec, JobSpec, TargetSpec, TrainingBudget, ValidationSpec
 from schemas.sampling import SamplingParams
 from schemas.stages import STAGE_ORDER, Stage
@@ -68,7 +69,7 @@ def test_a_rest_job_and_draftsmith_run_train_the_same_drafter_by_default(monkeyp
     CliRunner().invoke(cli, ["run", "--target", "smollm2-135m", "--out", str(tmp_path / "out")])
     from_api = run_config_from_spec(JobSpec.model_validate(MINIMAL), target="smollm2-135m")
     assert seen["config"] == from_api == RunConfig(target="smollm2-135m")
-    assert from_api.train == TrainConfig() and from_api.train.steps == 300 and from_api.train.lr == 2e-3
+    assert from_api.train == TrainConfig() and from_api.train.steps == recipe.TRAIN_STEPS and from_api.train.lr == 2e-3
 
 
 def test_cli_flags_reach_the_job_spec_and_bad_ones_name_the_field(monkeypatch, tmp_path):

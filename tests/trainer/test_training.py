@@ -84,7 +84,8 @@ def test_teacher_signal_lines_up_with_the_labels(tiny_target, tiny_data):
     assert torch.equal(logits.argmax(-1), batch.labels[supervised])
 
 
-@pytest.mark.parametrize("objective", [{"kl_weight": 0.5}, {"hidden_loss_weight": 1.0},
+@pytest.mark.parametrize("objective", [{"kl_weight": 0.5, "bf16_matmuls": False},
+                                       {"hidden_loss_weight": 1.0, "bf16_matmuls": False},
                                        {"bf16_matmuls": True, "kl_weight": 0.5, "hidden_loss_weight": 1.0}])
 def test_dense_supervision_and_bf16_matmuls_train(tiny_target, tiny_data, tmp_path, objective):
     cfg = TrainConfig(steps=30, batch_size=4, anchors_per_sequence=8, lr=3e-3, warmup_steps=2, init="random",

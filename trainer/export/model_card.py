@@ -42,6 +42,11 @@ def model_card(config: DrafterConfig, target: Target, report: dict | None, targe
     recommended = (report or {}).get("recommended_block_size", block)
     sampling = json.dumps((report or {}).get("sampling_parameters", {}), indent=2)
     variant = {"dflash2": "DFlash 2 (dynamic convolutions + candidate selector)", "dflash": "DFlash"}[config.variant]
+    # With a draft vocabulary, llama.cpp drafts over it (its own head + `d2t`); the full-head files stay for the rest.
+    llama_gguf = "gguf/drafter-q8_0-d2t.gguf" if config.draft_vocab_size else "gguf/drafter-q8_0.gguf"
+    vocab_files = (f", `gguf/drafter-q8_0-d2t.gguf` (drafts over the {config.draft_vocab_size:,} most frequent tokens, "
+                   "`d2t` table) and `drafter/draft_vocab.safetensors` (`d2t`/`t2d`, for vLLM)"
+                   if config.draft_vocab_size else "")
     return f"""---
 library_name: transformers
 tags: [speculative-decoding, dflash, draftsmith]
@@ -56,7 +61,7 @@ output identical to the target's alone (greedy) and distributed exactly like it 
 - target fingerprint (tokenizer + embedding): `{target.fingerprint}`
 - drafter: {config.num_layers} layers, hidden size {config.hidden_size}, block size {block}, mask token id
   {config.mask_token_id}
-- files: `drafter/` (reference `dflash` format, safetensors), `gguf/drafter-f16.gguf`, `gguf/drafter-q8_0.gguf`
+- files: `drafter/` (reference `dflash` format, safetensors), `gguf/drafter-f16.gguf`, `gguf/drafter-q8_0.gguf`{vocab_files}
 
 ## Sampling parameters it was trained and validated for
 
@@ -88,7 +93,7 @@ vllm serve {target_name} --speculative-config \\
 
 llama.cpp:
 ```bash
-llama-server -m target.gguf -md gguf/drafter-q8_0.gguf \\
+llama-server -m target.gguf -md {llama_gguf} \\
     --spec-type draft-dflash --spec-draft-n-max {recommended - 1}
 ```
 

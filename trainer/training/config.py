@@ -49,7 +49,7 @@ class TrainConfig:
     supervised_positions: int | None = None
     """Train block positions 1..K only (None: all B-1). Later positions are reached so rarely that their
     LM-head compute is better spent on more anchors."""
-    bf16_matmuls: bool = False
+    bf16_matmuls: bool = recipe.BF16_MATMULS
     """On a float32 (CPU) target: the drafter's matmuls and the LM head in bfloat16 (weights, optimizer and
     losses stay float32); about 2x the steps per minute where the CPU has bfloat16 units."""
     context_noise: float = 0.0

@@ -103,7 +103,9 @@ def sampling_lossless_test(decoder: SpeculativeDecoder, prompts: list[list[int]]
     by_depth: dict[int, int] = defaultdict(int)
     pit: list[float] = []
     for prompt in prompts:
-        samples = [tuple(decoder.generate(prompt, params, stop_token_ids=[], generator=generator).tokens)
+        prefill = decoder.prefill(prompt)  # every draw starts from the same prompt pass
+        samples = [tuple(decoder.generate(prompt, params, stop_token_ids=[], generator=generator,
+                                          prefill=prefill).tokens)
                    for _ in range(per_prompt)]
         for depth in range(tokens):
             prefixes = Counter(sample[:depth] for sample in samples if len(sample) > depth)
