@@ -89,10 +89,9 @@ class SpeculativeDecoder:
     def prefill(self, prompt_ids: list[int]) -> Prefill:
         """The target's pass over the prompt, capturing the drafter's taps."""
         cache = self.target.new_cache()
-        taps = list(self.drafter.config.target_layer_ids) if self.block_size > 1 else None
         logits, context = self.target.forward(
             torch.tensor([prompt_ids], device=self.target.device), self._positions(0, len(prompt_ids)),
-            cache=cache, tap_layer_ids=taps, logits_to_keep=1,
+            cache=cache, tap_layer_ids=self._tap_ids(), logits_to_keep=1,
         )
         return Prefill(tuple(prompt_ids), cache, logits[0, -1], context)
 
@@ -106,7 +105,7 @@ class SpeculativeDecoder:
         prompt_len = len(prompt_ids)
         max_length = prompt_len + (max_new_tokens or params.max_new_tokens)
         stop = set(target.stop_token_ids() if stop_token_ids is None else stop_token_ids)
-        taps = list(self.drafter.config.target_layer_ids) if self.block_size > 1 else None
+        taps = self._tap_ids()
         drafter_cache = DrafterCache(self.drafter.config.num_layers) if self.block_size > 1 else None
 
         started = time.perf_counter()
@@ -155,6 +154,10 @@ class SpeculativeDecoder:
         result.tokens = tokens[prompt_len:max_length]
         result.stop_reason = "stop" if stopped else "length"
         return result
+
+    def _tap_ids(self) -> list[int] | None:
+        """The target layers whose outputs feed the drafter; None when decoding without one."""
+        return list(self.drafter.config.target_layer_ids) if self.block_size > 1 else None
 
     def _positions(self, start: int, length: int) -> torch.Tensor:
         return torch.arange(start, start + length, device=self.target.device)[None]

@@ -25,7 +25,7 @@ from trainer.drafter.checkpoint import load_drafter
 from trainer.drafter.draft_vocab import FILE_NAME as DRAFT_VOCAB_FILE
 from trainer.errors import DraftsmithError
 from trainer.export.gguf_writer import write_gguf
-from trainer.export.model_card import model_card
+from trainer.export.model_card import D2T_GGUF, model_card
 from trainer.export.report_html import write_report_html
 from trainer.targets.loading import Target
 from trainer.validation.report import check_compatible
@@ -61,7 +61,7 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
         # Engines that read a draft vocabulary (vLLM, llama.cpp: `d2t`) draft over it; the files above keep the
         # full head for those that do not (SGLang, the reference package).
         _atomic_copy(drafter_dir / DRAFT_VOCAB_FILE, staged / DRAFT_VOCAB_FILE)
-        write_gguf(staged, target.path, out_dir / "gguf" / "drafter-q8_0-d2t.gguf", "q8_0",
+        write_gguf(staged, target.path, out_dir / D2T_GGUF, "q8_0",
                    draft_vocab=(drafter.draft_vocab, target.lm_head.weight))
     if report is not None:
         atomic_write_json(out_dir / "report.json", report)

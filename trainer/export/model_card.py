@@ -7,6 +7,9 @@ import json
 from trainer.drafter.config import DrafterConfig
 from trainer.targets.loading import Target
 
+D2T_GGUF = "gguf/drafter-q8_0-d2t.gguf"
+"""The GGUF whose own head covers the draft vocabulary, with llama.cpp's `d2t` (written by artifacts.py)."""
+
 
 def _figures(report: dict | None) -> str:
     if not report:
@@ -43,8 +46,8 @@ def model_card(config: DrafterConfig, target: Target, report: dict | None, targe
     sampling = json.dumps((report or {}).get("sampling_parameters", {}), indent=2)
     variant = {"dflash2": "DFlash 2 (dynamic convolutions + candidate selector)", "dflash": "DFlash"}[config.variant]
     # With a draft vocabulary, llama.cpp drafts over it (its own head + `d2t`); the full-head files stay for the rest.
-    llama_gguf = "gguf/drafter-q8_0-d2t.gguf" if config.draft_vocab_size else "gguf/drafter-q8_0.gguf"
-    vocab_files = (f", `gguf/drafter-q8_0-d2t.gguf` (drafts over the {config.draft_vocab_size:,} most frequent tokens, "
+    llama_gguf = D2T_GGUF if config.draft_vocab_size else "gguf/drafter-q8_0.gguf"
+    vocab_files = (f", `{D2T_GGUF}` (drafts over the {config.draft_vocab_size:,} most frequent tokens, "
                    "`d2t` table) and `drafter/draft_vocab.safetensors` (`d2t`/`t2d`, for vLLM)"
                    if config.draft_vocab_size else "")
     return f"""---
