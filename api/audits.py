@@ -24,11 +24,12 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from api.drafters import get_drafter_for_org
-from api.jobs import parse_spec
+from api.jobs import parse_spec, uploaded_prompt_count
 from api.models import Audit, Job, Organisation, new_id, utcnow
-from api.problems import FieldError, InvalidRequest, NotFound, ServiceUnavailable
+from api.problems import NotFound, ServiceUnavailable
 from api.redaction import redact_text
 from api.settings import Settings
+from api.storage_scope import check_spec_storage
 from api.usage import check_quota
 from schemas.audit import AuditSpec, AuditThresholds, resolved
 from schemas.job_spec import DataSpec, ValidationSpec
@@ -103,14 +104,10 @@ def create_audit(session: Session, settings: Settings, queue, *, org_id: str, sp
             validation=ValidationSpec.model_validate(job_spec["validation"]) if "validation" in job_spec else None,
             reference_tau=drafter.tau)
     if spec.data is not None and spec.data.source.startswith("file-"):
-        from api.models import PromptFile
-
-        if session.scalar(select(PromptFile.id).where(PromptFile.id == spec.data.source,
-                                                      PromptFile.org_id == org_id)) is None:
-            message = f"no uploaded file {spec.data.source!r} in your organisation; upload one with POST /v1/files"
-            raise InvalidRequest(message, errors=[FieldError(field="data.source", message=message)])
-    check_quota(session, org, settings, what="audit")
+        uploaded_prompt_count(session, org_id, spec.data.source)  # 422 unless it is one of the org's files
     full = resolved(spec, **defaults)
+    check_spec_storage(session, settings, org_id, full)  # the drafter, target and prompts: only the org's own
+    check_quota(session, org, settings, what="audit")
     row = Audit(id=new_id(AUDIT_ID_PREFIX), org_id=org_id, status="queued", spec=full.model_dump(mode="json"),
                 drafter_ref=spec.drafter, drafter_id=drafter_id, target_uri=spec.target.uri, attempts=0)
     session.add(row)

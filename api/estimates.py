@@ -65,11 +65,28 @@ def target_parameters(spec: JobSpec, override: float | None) -> tuple[float, str
     )
 
 
+def source_size(spec: JobSpec, uploaded_prompts: int | None) -> tuple[int, str]:
+    """Prompts the job draws, hold-out included, and how we know: an uploaded file's own count (data.count caps
+    it), the built-in set's, or data.count for a source we cannot count before fetching it."""
+    count = spec.data.count
+    if uploaded_prompts is not None:
+        prompts = min(count, uploaded_prompts) if count else uploaded_prompts
+        return prompts, f"{prompts} prompts from the uploaded file {spec.data.source} ({uploaded_prompts} in it)"
+    if spec.data.source == "builtin":
+        prompts = min(count, BUILTIN_PROMPT_COUNT) if count else BUILTIN_PROMPT_COUNT
+        return prompts, f"{prompts} prompts from the built-in set ({BUILTIN_PROMPT_COUNT} in it)"
+    if count:
+        return count, f"data.count = {count} prompts (at most; the source is counted when the job runs)"
+    return BUILTIN_PROMPT_COUNT, (f"the source {spec.data.source} is counted only when the job runs; assumed "
+                                  f"{BUILTIN_PROMPT_COUNT} prompts: give data.count for a better estimate")
+
+
 def estimate_job(
-    spec: JobSpec, *, gpu_class: str | None, gpu_count: int, target_parameters_billion: float | None
+    spec: JobSpec, *, gpu_class: str | None, gpu_count: int, target_parameters_billion: float | None,
+    uploaded_prompts: int | None = None,
 ) -> EstimateOut:
     params_b, size_note = target_parameters(spec, target_parameters_billion)
-    prompts = spec.data.count or BUILTIN_PROMPT_COUNT  # null: the whole source; the built-in set's size
+    prompts, prompts_note = source_size(spec, uploaded_prompts)
     holdout = int(prompts * spec.data.holdout_share)
     max_new = spec.sampling.max_new_tokens
     tokens_to_generate = prompts * max_new
@@ -114,7 +131,7 @@ def estimate_job(
         assumptions=[
             size_note,
             "tokens_to_generate is an upper bound: every prompt answered to max_new_tokens",
-            f"data.count null counts the built-in set's {BUILTIN_PROMPT_COUNT} prompts; give data.count for another source",
+            prompts_note,
             "throughput scales as 1/target size; table values are per GPU for a 1B target "
             + "; ".join(f"{g.name}: generate {g.generate_tokens_per_s_1b:g} tok/s, train "
                         f"{g.train_tokens_per_s_1b:g} drafter tok/s, ${g.price_per_hour_usd}/h" for g in classes),

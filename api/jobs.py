@@ -42,6 +42,7 @@ from api.schemas import JobError, JobOut, PublicationOut, StageRunOut
 from api.secrets import check_referenced_secrets
 from api.settings import Settings
 from api.states import ACTIVE_STATUSES, STAGE_ORDER, JobStatus, Stage, transition
+from api.storage_scope import StorageScopeError, check_spec_storage, refuse_link_loops, spec_storage_uris
 from api.usage import check_quota
 from schemas.bounds import JsonInputError, loads_json
 from schemas.job_spec import JobSpec
@@ -67,6 +68,15 @@ def parse_spec(raw: bytes, settings: Settings, model: type[SpecT], example: str)
     except ValidationError as exc:
         errors = field_errors_from_pydantic(list(exc.errors(include_url=False)))
         raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors) from None
+    loops = []
+    for item in spec_storage_uris(spec):
+        if item.uri.startswith("file://"):
+            try:
+                refuse_link_loops(item.uri)
+            except StorageScopeError as exc:
+                loops.append(FieldError(field=item.field, message=str(exc)))
+    if loops:
+        raise InvalidRequest(f"{loops[0].field}: {loops[0].message}", errors=loops)
     if spec.target.trust_remote_code and not settings.allow_trust_remote_code:
         message = (
             "this deployment does not run code shipped with checkpoints; remove trust_remote_code "
@@ -83,6 +93,16 @@ def parse_job_spec(raw: bytes, settings: Settings) -> JobSpec:
 def load_stored_spec(stored: dict) -> JobSpec:
     # Stored specs passed admission already; file roots may have changed since, so don't re-judge them.
     return JobSpec.model_validate(stored, context={"allowed_file_roots": ["/"]})
+
+
+def uploaded_prompt_count(session: Session, org_id: str, file_id: str) -> int:
+    """The prompts in one of the organisation's uploaded files; 422 naming data.source when it has no such file."""
+    count = session.scalar(select(PromptFile.prompt_count).where(PromptFile.id == file_id,
+                                                                 PromptFile.org_id == org_id))
+    if count is None:
+        message = f"no uploaded file {file_id!r} in your organisation; upload one with POST /v1/files"
+        raise InvalidRequest(message, errors=[FieldError(field="data.source", message=message)])
+    return int(count)
 
 
 def get_job_for_org(session: Session, org_id: str, job_id: str, *, lock: bool = False) -> Job:
@@ -112,14 +132,22 @@ def _check_idempotency_key(key: str | None) -> None:
         )
 
 
-def _lock_org_and_count_active(session: Session, org_id: str) -> tuple[Organisation, int]:
-    """Serialise admissions for one organisation until commit, and count its active jobs."""
+def lock_organisation(session: Session, org_id: str) -> Organisation:
+    """Serialise, until commit, everything one organisation counts against a limit (job admissions, webhook
+    endpoints): an UPDATE of its row takes the row lock on PostgreSQL and the write lock on SQLite, so a count
+    taken after it stays true until this transaction's insert commits."""
     session.execute(
         update(Organisation).where(Organisation.id == org_id).values(updated_at=utcnow())
         .execution_options(synchronize_session=False)
     )
     org = session.get(Organisation, org_id)
     assert org is not None
+    return org
+
+
+def _lock_org_and_count_active(session: Session, org_id: str) -> tuple[Organisation, int]:
+    """Serialise admissions for one organisation until commit, and count its active jobs."""
+    org = lock_organisation(session, org_id)
     active = session.scalar(
         select(func.count()).select_from(Job).where(Job.org_id == org_id, Job.status.in_(list(ACTIVE_STATUSES)))
     )
@@ -155,12 +183,10 @@ def create_job(
     _check_idempotency_key(idempotency_key)
     request_hash = hashlib.sha256(spec.canonical_json().encode()).hexdigest()
     if spec.data.source.startswith("file-"):
-        found = session.scalar(select(PromptFile.id).where(PromptFile.id == spec.data.source, PromptFile.org_id == org_id))
-        if found is None:
-            message = f"no uploaded file {spec.data.source!r} in your organisation; upload one with POST /v1/files"
-            raise InvalidRequest(message, errors=[FieldError(field="data.source", message=message)])
+        uploaded_prompt_count(session, org_id, spec.data.source)
 
     check_referenced_secrets(session, org_id, spec)
+    check_spec_storage(session, settings, org_id, spec)  # URIs into Draftsmith's own storage: only the org's own
     check_warm_start(session, org_id, spec)  # another organisation's drafter: 404; another shape: 422
     org, active = _lock_org_and_count_active(session, org_id)  # before the idempotency lookup
     if idempotency_key is not None:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 
 from cryptography.fernet import Fernet, InvalidToken
 from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from api.models import OrgSecret, utcnow
@@ -50,14 +53,18 @@ def put_secret(session: Session, settings: Settings, org_id: str, name: str, val
         raise InvalidRequest(f"a secret value is 1 to {MAX_SECRET_BYTES} bytes",
                              errors=[FieldError(field="value", message=f"1 to {MAX_SECRET_BYTES} bytes")])
     ciphertext = _fernet(settings).encrypt(value.encode()).decode()
-    row = session.get(OrgSecret, (org_id, name))
-    if row is None:
-        row = OrgSecret(org_id=org_id, name=name, ciphertext=ciphertext)
-        session.add(row)
-    else:
-        row.ciphertext, row.updated_at = ciphertext, utcnow()
+    # One statement, decided by the database: concurrent PUTs of one name each store or replace it (the last
+    # wins), instead of two inserts racing into the primary key (issue 20: 20 concurrent PUTs gave two 500s).
+    now = utcnow()
+    table = OrgSecret.__table__
+    insert = postgresql_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    statement = insert(table).values(org_id=org_id, name=name, ciphertext=ciphertext, created_at=now, updated_at=now)
+    session.execute(statement.on_conflict_do_update(index_elements=[table.c.org_id, table.c.name],
+                                                    set_={"ciphertext": ciphertext, "updated_at": now}))
     session.commit()
-    return row
+    # (Deleted again in between by a concurrent DELETE: report what this request stored.)
+    return session.get(OrgSecret, (org_id, name), populate_existing=True) or OrgSecret(
+        org_id=org_id, name=name, ciphertext=ciphertext, created_at=now, updated_at=now)
 
 
 def list_secrets(session: Session, org_id: str) -> list[OrgSecret]:
@@ -82,6 +89,18 @@ def secret_value(session: Session, settings: Settings, org_id: str, name: str) -
     except InvalidToken:
         raise SecretUnavailable(f"organisation secret {name!r} cannot be decrypted with this deployment's key "
                                 "(DRAFTSMITH_SECRETS_KEY changed?); store it again") from None
+
+
+def parse_s3_credentials(raw: str, name: str) -> dict[str, str | None]:
+    """An S3 secret's JSON as s3_client's keyword arguments; SecretUnavailable naming the secret (never its value)
+    when it is not {"access_key_id", "secret_access_key", "endpoint_url"?, "region"?}."""
+    try:
+        given = json.loads(raw)
+        return {"access_key_id": str(given["access_key_id"]), "secret_access_key": str(given["secret_access_key"]),
+                "endpoint_url": given.get("endpoint_url"), "region": given.get("region")}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise SecretUnavailable(f"secret {name!r} must be JSON with access_key_id and secret_access_key (optionally "
+                                "endpoint_url, region)") from None
 
 
 def check_referenced_secrets(session: Session, org_id: str, spec: JobSpec) -> None:

@@ -67,6 +67,13 @@ class Settings(BaseSettings):
     s3_access_key_id: str | None = None
     s3_secret_access_key: SecretStr | None = None
     presigned_url_ttl_seconds: int = Field(default=900, ge=30, le=7 * 24 * 3600)
+    s3_trusted_buckets: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Buckets (comma-separated; * for all) that jobs may read and publish to with the deployment's "
+        "own S3 credentials, e.g. a shared models bucket. Any other bucket is reached only with the organisation's "
+        "own secret (credentials_secret, else secrets named s3.<bucket> or s3), or anonymously for reads. "
+        "Unset in development (one local organisation on the operator's machine): *.",
+    )
 
     secret_key: SecretStr = Field(
         default=SecretStr(DEFAULT_SECRET_KEY),
@@ -127,6 +134,11 @@ class Settings(BaseSettings):
         default=5.0, gt=0, le=60,
         description="A request that cannot start within this long is answered 503 with Retry-After.",
     )
+    api_body_timeout_seconds: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="A request body must arrive whole within this long (408 otherwise); it is read before the "
+        "request takes a slot, and only after its API key was checked.",
+    )
     database_pool_timeout_seconds: float = Field(
         default=5.0, gt=0, le=60,
         description="Longest wait for a database connection before the request is answered 503 with Retry-After.",
@@ -168,7 +180,7 @@ class Settings(BaseSettings):
         "per-organisation token_secret)."
     )
 
-    @field_validator("allowed_file_roots", mode="before")
+    @field_validator("allowed_file_roots", "s3_trusted_buckets", mode="before")
     @classmethod
     def _split_roots(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -195,6 +207,13 @@ class Settings(BaseSettings):
         if self.worker_stale_after_seconds <= 2 * self.worker_heartbeat_seconds:
             raise ValueError("worker_stale_after_seconds must exceed twice worker_heartbeat_seconds, or live "
                              "workers would be taken for dead")
+        return self
+
+    @model_validator(mode="after")
+    def _development_trusts_every_bucket(self) -> Settings:
+        # A development setup is single-tenant: its one organisation is the operator, whose credentials these are.
+        if self.env == "development" and "s3_trusted_buckets" not in self.model_fields_set:
+            self.s3_trusted_buckets = ["*"]
         return self
 
     @model_validator(mode="after")

@@ -127,14 +127,20 @@ class LocalStorage:
 
 
 def s3_client(settings: Settings, *, endpoint_url: str | None = None, region: str | None = None,
-              access_key_id: str | None = None, secret_access_key: str | None = None) -> Any:
-    """A boto3 S3 client for the deployment's endpoint and credentials (storage, s3:// targets, publishing),
-    or for the ones given (an organisation's own publishing credentials)."""
+              access_key_id: str | None = None, secret_access_key: str | None = None,
+              anonymous: bool = False) -> Any:
+    """A boto3 S3 client for the deployment's endpoint and credentials (its storage, trusted buckets), for the
+    ones given (an organisation's own, from its secret), or unsigned (`anonymous`: public buckets only, and no
+    credential from the environment either). Which one a URI gets: api/storage_scope.py."""
     import boto3  # imported here: a local-storage deployment never pays for botocore
+    from botocore import UNSIGNED
     from botocore.config import Config
 
     credentials: dict[str, Any] = {}
-    if access_key_id and secret_access_key:
+    signing: dict[str, Any] = {"signature_version": UNSIGNED if anonymous else "s3v4"}
+    if anonymous:
+        pass
+    elif access_key_id and secret_access_key:
         credentials = {"aws_access_key_id": access_key_id, "aws_secret_access_key": secret_access_key}
     elif settings.s3_access_key_id and settings.s3_secret_access_key:
         credentials = {
@@ -145,7 +151,7 @@ def s3_client(settings: Settings, *, endpoint_url: str | None = None, region: st
         "s3",
         endpoint_url=endpoint_url or settings.s3_endpoint_url,
         region_name=region or settings.s3_region,
-        config=Config(signature_version="s3v4", retries={"max_attempts": 3, "mode": "standard"},
+        config=Config(**signing, retries={"max_attempts": 3, "mode": "standard"},
                       connect_timeout=5, read_timeout=60),
         **credentials,
     )

@@ -31,6 +31,7 @@ from pydantic import (
 
 from schemas import recipe
 from schemas.bounds import INT32_MAX, SingleLineText, check_text, resolved_path_within_roots
+from schemas.prompts import MAX_PROMPTS_PER_JOB
 from schemas.sampling import SamplingParams
 
 BUNDLED_TARGETS: frozenset[str] = frozenset({"smollm2-135m"})
@@ -203,7 +204,7 @@ class DataSpec(StrictModel):
         "or a URI (hf://, s3://, file://) of a JSONL prompts file.",
     )
     count: int | None = Field(
-        default=None, ge=1, le=1_000_000,
+        default=None, ge=1, le=MAX_PROMPTS_PER_JOB,
         description="Prompts drawn from the source, hold-out included (a seeded sample); null: every prompt.",
     )
     holdout_share: float = Field(

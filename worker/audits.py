@@ -26,7 +26,7 @@ from trainer.errors import DraftsmithError
 from worker.context import WorkerContext
 from worker.drafters import resolve_drafter
 from worker.errors import infrastructure_errors, storage_refusal
-from worker.sources import resolve_prompts, resolve_target
+from worker.sources import Caller, resolve_prompts, resolve_target
 
 log = logging.getLogger("draftsmith.worker")
 
@@ -60,8 +60,9 @@ def run_audit(ctx: WorkerContext, audit_id: str) -> str:
     started, tokens, target_revision = time.monotonic(), 0, None
     outcome = "failed"
     try:
-        target = resolve_target(spec.target.uri, ctx.settings, ctx.cache, allow_pickle=spec.target.allow_pickle,
-                                trust_remote_code=spec.target.trust_remote_code)
+        caller = Caller(org_id, ctx.session_factory)  # every fetch is judged for this organisation
+        target = resolve_target(spec.target.uri, ctx.settings, ctx.cache, caller=caller,
+                                allow_pickle=spec.target.allow_pickle, trust_remote_code=spec.target.trust_remote_code)
         target_revision = target.revision
         drafter = resolve_drafter(spec.drafter, ctx, org_id)
         assert spec.data is not None
@@ -70,8 +71,8 @@ def run_audit(ctx: WorkerContext, audit_id: str) -> str:
             with ctx.session_factory() as session:
                 uploaded_key = session.scalar(select(PromptFile.storage_key).where(
                     PromptFile.id == spec.data.source, PromptFile.org_id == org_id))
-        prompts = resolve_prompts(spec.data.source, ctx.settings, ctx.cache, uploaded_key=uploaded_key,
-                                  storage=ctx.storage)
+        prompts = resolve_prompts(spec.data.source, ctx.settings, ctx.cache, caller=caller, count=spec.data.count,
+                                  uploaded_key=uploaded_key, storage=ctx.storage)
         report = measure(spec, target=target.path, drafter=drafter.path, prompts=prompts.path)
         report["drafter_revision"] = drafter.revision
         tokens = report["tokens_generated"]

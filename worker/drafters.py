@@ -5,7 +5,7 @@ a local directory, like worker/sources.py does for targets:
 
     drf_...              one of the organisation's published drafters: its job's artifacts in object storage
     hf://org/name[@rev]  a Hub repo holding a drafter (at its root, or under drafter/ as Draftsmith publishes)
-    s3://bucket/prefix   the same in a bucket (the deployment's S3 settings)
+    s3://bucket/prefix   the same in a bucket (judged by the scoping rule before it is read: worker/sources.py)
     file:///path         below the allowed roots, after resolving symlinks
 
 A report.json beside the drafter comes along when there is one (its tau is an audit's reference).
@@ -26,10 +26,9 @@ from sqlalchemy import select
 from api import stage_runner as runner
 from api.models import Artifact, Drafter, Job
 from api.settings import Settings
-from api.storage import s3_client
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
 from trainer.errors import DraftsmithError
-from worker.sources import Resolved, _fetch_hub, local_file
+from worker.sources import PRIVATE_BUCKET_HINT, Caller, Resolved, _fetch_hub, local_file, open_s3
 
 DRAFTER_FILES = ("config.json", "*.safetensors", "report.json", "drafter/config.json", "drafter/*.safetensors")
 
@@ -41,10 +40,11 @@ class DrafterNotFound(DraftsmithError):
 def resolve_drafter(reference: str, ctx, org_id: str) -> Resolved:
     """A local directory holding the drafter (config.json + weights), and the version fetched."""
     cache = ctx.cache / "drafters"
+    caller = Caller(org_id, ctx.session_factory)
     if DRAFTER_ID_RE.match(reference):
         return _published(reference, ctx, org_id, cache)
-    if reference.startswith("file://"):
-        path = Path(local_file(reference, ctx.settings, "drafter"))
+    if reference.startswith("file:"):
+        path = Path(local_file(reference, ctx.settings, "drafter", caller))
         return Resolved(_drafter_dir(path, reference))
     if reference.startswith("hf://"):
         try:
@@ -53,7 +53,7 @@ def resolve_drafter(reference: str, ctx, org_id: str) -> Resolved:
             raise DrafterNotFound(str(error).replace("target ", "drafter ", 1)) from None
         return Resolved(_drafter_dir(Path(fetched.path), reference), fetched.revision)
     if reference.startswith("s3://"):
-        return _from_s3(reference, ctx.settings, cache)
+        return _from_s3(reference, ctx.settings, cache, caller)
     raise DrafterNotFound(f"drafter {reference!r}: give a drafter id (drf_...) or an hf://, s3:// or file:// URI")
 
 
@@ -86,12 +86,11 @@ def _published(drafter_id: str, ctx, org_id: str, cache: Path) -> Resolved:
     return Resolved(str(local / "drafter"), manifest_sha)
 
 
-def _from_s3(uri: str, settings: Settings, cache: Path) -> Resolved:
+def _from_s3(uri: str, settings: Settings, cache: Path, caller: Caller) -> Resolved:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    client, bucket, prefix, _ = open_s3(uri, settings, caller, what="drafter")
     prefix = prefix.strip("/")
-    client = s3_client(settings)
     try:
         keys = {item["Key"][len(prefix) + 1 if prefix else 0:]: item for page in
                 client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
@@ -110,8 +109,7 @@ def _from_s3(uri: str, settings: Settings, cache: Path) -> Resolved:
                 client.download_file(bucket, f"{prefix}/{name}" if prefix else name, str(path))
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "error")
-        raise DrafterNotFound(f"drafter {uri}: S3 answered {code}; check the bucket and the worker's S3 settings") \
-            from None
+        raise DrafterNotFound(f"drafter {uri}: S3 answered {code}; {PRIVATE_BUCKET_HINT}") from None
     except BotoCoreError as exc:
         raise DrafterNotFound(f"drafter {uri}: S3 is unreachable ({type(exc).__name__})") from None
     return Resolved(str(local / nested.rstrip("/")) if nested else str(local), revision)

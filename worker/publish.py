@@ -6,9 +6,12 @@
     hf  a private repo created if missing, the artifact folder uploaded in one commit (model card included);
         the commit sha is recorded on the job.
 
-Credentials: an organisation secret named by the destination (stored encrypted, decrypted here only), or
-the deployment's own. They never appear in errors, events or logs: a failure says which destination and
-what the service answered, and any text that could echo a credential is scrubbed.
+Every s3 destination is judged by the scoping rule (api/storage_scope.py) before anything is copied anywhere: a
+destination inside Draftsmith's own storage is refused (only the service writes there), and another bucket is
+written with the organisation's own secret (the destination's `credentials_secret`, else `s3.<bucket>`, else `s3`),
+with the deployment's credentials only for DRAFTSMITH_S3_TRUSTED_BUCKETS. Secrets are stored encrypted and
+decrypted here only. They never appear in errors, events or logs: a failure says which destination and what the
+service answered, and any text that could echo a credential is scrubbed.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ from api import stage_runner as runner
 from api.models import Artifact, Job
 from api.redaction import register_secret_values
 from api.secrets import SecretUnavailable, secret_value
-from api.storage import s3_client
 from schemas.job_spec import HuggingFaceDestination, JobSpec, S3Destination
 from trainer.errors import DraftsmithError
 from worker.context import WorkerContext
 from worker.reporting import StageReporter
+from worker.sources import Caller, StorageNotAllowed, open_s3
 
 MULTIPART_BYTES = 8 << 20
 
@@ -40,6 +43,11 @@ class PublishError(DraftsmithError):
 def publish_job(ctx: WorkerContext, job: Job, spec: JobSpec, reporter: StageReporter) -> dict:
     if not spec.publish:
         return {"destinations": 0}
+    # Every destination judged (and its client built) before the first byte goes anywhere.
+    caller = Caller(job.org_id, ctx.session_factory)
+    s3_targets = {index: open_s3(destination.uri, ctx.settings, caller, what=f"publish[{index}]", write=True,
+                                 explicit_secret=destination.credentials_secret)
+                  for index, destination in enumerate(spec.publish) if isinstance(destination, S3Destination)}
     folder = _artifacts_here(ctx, job.id, reporter)
     manifest = json.loads((folder / "manifest.json").read_text())
     fingerprint = _fingerprint(folder)
@@ -47,12 +55,14 @@ def publish_job(ctx: WorkerContext, job: Job, spec: JobSpec, reporter: StageRepo
         secrets: list[str] = []
         try:
             if isinstance(destination, S3Destination):
-                location, revision, url = _to_s3(ctx, job, destination, folder, manifest, fingerprint, secrets)
+                client, bucket, prefix, secrets = s3_targets[index]
+                location, revision, url = _to_s3(client, bucket, prefix, job, destination, folder, manifest,
+                                                 fingerprint)
             else:
                 location, revision, url = _to_hub(ctx, job, destination, folder, secrets)
         except SecretUnavailable as exc:
             raise PublishError(f"publish[{index}]: {exc}") from None
-        except PublishError:
+        except (PublishError, StorageNotAllowed):
             raise
         except Exception as exc:  # a library error: name the destination, never the credential
             raise PublishError(f"publish[{index}] ({_describe(destination)}) failed: "
@@ -80,25 +90,10 @@ def _fingerprint(folder: Path) -> str:
     return str((config.get("draftsmith") or {}).get("target_fingerprint") or "")
 
 
-def _to_s3(ctx: WorkerContext, job: Job, destination: S3Destination, folder: Path, manifest: dict,
-           fingerprint: str, secrets: list[str]) -> tuple[str, str, str]:
+def _to_s3(client, bucket: str, prefix: str, job: Job, destination: S3Destination, folder: Path,  # noqa: ANN001
+           manifest: dict, fingerprint: str) -> tuple[str, str, str]:
     from boto3.s3.transfer import TransferConfig
 
-    credentials: dict = {}
-    if destination.credentials_secret:
-        with ctx.session_factory() as session:
-            raw = secret_value(session, ctx.settings, job.org_id, destination.credentials_secret)
-        _hold(secrets, raw)
-        try:
-            given = json.loads(raw)
-            credentials = {"access_key_id": given["access_key_id"], "secret_access_key": given["secret_access_key"],
-                           "endpoint_url": given.get("endpoint_url"), "region": given.get("region")}
-        except (ValueError, KeyError, TypeError):
-            raise PublishError(f"secret {destination.credentials_secret!r} must be JSON with access_key_id and "
-                               "secret_access_key (optionally endpoint_url, region)") from None
-        _hold(secrets, credentials["secret_access_key"])
-    client = s3_client(ctx.settings, **credentials)
-    bucket, _, prefix = destination.uri.removeprefix("s3://").partition("/")
     prefix = prefix.strip("/")
     transfer = TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES)
     names = [*manifest["files"], "manifest.json"]

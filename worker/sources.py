@@ -1,8 +1,14 @@
 """Turning a job's URIs into local files the trainer can open: the target checkpoint and the prompts.
 
     target: bundled:NAME | file:///dir (below the allowed roots, after resolving symlinks) |
-            s3://bucket/prefix (the deployment's S3 settings) | hf://org/name[@revision] (pinned to a commit)
+            s3://bucket/prefix (judged and credentialed below) | hf://org/name[@revision] (pinned to a commit)
     data:   builtin | file-... (an upload) | file:///x.jsonl | s3://bucket/key.jsonl | hf://org/dataset[@rev]
+
+Before every fetch the URI is judged again by the one scoping rule (api/storage_scope.py), whatever the API
+accepted: the spec is read back from the database, and this worker may see other endpoints and disks than the
+API did. Inside Draftsmith's own storage only the organisation's own prefixes are readable (with the service's
+credentials); another bucket is read with the organisation's own secret (`s3.<bucket>`, else `s3`), the
+deployment's credentials only for DRAFTSMITH_S3_TRUSTED_BUCKETS, else anonymously (`open_s3`).
 
 Only the files a checkpoint needs are fetched (config, safetensors weights and index, tokenizer and chat
 template): pickle weights only when the job allows them, Python files only with trust_remote_code. Every
@@ -17,11 +23,17 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote
+from typing import Any
 
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.redaction import register_secret_values
+from api.secrets import SecretUnavailable, parse_s3_credentials, secret_value
 from api.settings import Settings
 from api.storage import s3_client
+from api.storage_scope import StorageScopeError, check_storage_uri, choose_s3_access, file_uri_path, tenant_for
 from schemas.bounds import resolved_path_within_roots
+from schemas.prompts import MAX_PROMPTS_PER_JOB
 from trainer.errors import DraftsmithError, TargetError
 
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -29,6 +41,10 @@ CHECKPOINT_FILES = ("config.json", "generation_config.json", "*.safetensors", "m
                     "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json")
 PICKLE_FILES = ("*.bin", "*.pt", "*.pth", "pytorch_model.bin.index.json")
 CODE_FILES = ("*.py",)
+
+
+PRIVATE_BUCKET_HINT = ("check the bucket and key; a private bucket is read with your organisation's own credentials: "
+                       "store them as the secret s3.<bucket> or s3 (PUT /v1/secrets/NAME)")
 
 
 class TargetNotFound(TargetError):
@@ -43,6 +59,60 @@ class SourceUnavailable(DraftsmithError):
     code = "source_unavailable"
 
 
+class StorageNotAllowed(DraftsmithError):
+    """A URI this organisation may not use (another organisation's objects, the service's own storage as a
+    destination, a bucket without credentials): refused before anything is read or written."""
+
+    code = "storage_not_allowed"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The organisation a fetch or publish is for, and the database to ask about its jobs and secrets."""
+
+    org_id: str
+    session_factory: sessionmaker[Session]
+
+
+def open_s3(uri: str, settings: Settings, caller: Caller, *, what: str, write: bool = False,
+            explicit_secret: str | None = None) -> tuple[Any, str, str, list[str]]:
+    """A client for `uri` with the credentials the scoping rule allows, its bucket and key, and the credential
+    values in use (for scrubbing messages). Raises StorageNotAllowed naming `what` and the fix."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    with caller.session_factory() as session:
+        tenant = tenant_for(session, caller.org_id)
+        try:
+            if check_storage_uri(uri, settings, tenant, write=write) is not None:
+                return s3_client(settings), bucket, key, []  # the organisation's own objects in our storage
+            access = choose_s3_access(bucket, settings, tenant.secret_names(), explicit_secret=explicit_secret,
+                                      write=write)
+            if access.kind == "deployment":
+                return s3_client(settings), bucket, key, []
+            if access.kind == "anonymous":
+                return s3_client(settings, anonymous=True), bucket, key, []
+            assert access.secret is not None
+            raw = secret_value(session, settings, caller.org_id, access.secret)
+            register_secret_values(raw)  # kept out of every log line of this process
+            credentials = parse_s3_credentials(raw, access.secret)
+            register_secret_values(credentials["secret_access_key"])
+            # Judged again at the endpoint this request really goes to: an alias of ours counts as ours.
+            check_storage_uri(uri, settings, tenant, write=write, endpoint_url=credentials["endpoint_url"])
+        except StorageScopeError as exc:
+            raise StorageNotAllowed(f"{what}: {exc}") from None
+        except SecretUnavailable as exc:
+            raise StorageNotAllowed(f"{what} {uri}: {exc}") from None
+    return s3_client(settings, **credentials), bucket, key, [raw, str(credentials["secret_access_key"])]
+
+
+def check_local(uri: str, settings: Settings, caller: Caller, what: str) -> None:
+    """The scoping rule for a file:// URI (into the local storage root, or the worker's cache)."""
+    with caller.session_factory() as session:
+        try:
+            check_storage_uri(uri, settings, tenant_for(session, caller.org_id))
+        except StorageScopeError as exc:
+            raise StorageNotAllowed(f"{what}: {exc}") from None
+
+
 @dataclass(frozen=True)
 class Resolved:
     path: str
@@ -51,77 +121,101 @@ class Resolved:
     """The exact version fetched (Hub commit sha, or a digest of the S3 objects' ETags)."""
 
 
-def resolve_target(uri: str, settings: Settings, cache: Path, *, allow_pickle: bool = False,
+def resolve_target(uri: str, settings: Settings, cache: Path, *, caller: Caller, allow_pickle: bool = False,
                    trust_remote_code: bool = False) -> Resolved:
     patterns = CHECKPOINT_FILES + (PICKLE_FILES if allow_pickle else ()) + (CODE_FILES if trust_remote_code else ())
     if uri.startswith("bundled:"):
         return Resolved(uri.removeprefix("bundled:"))
-    if uri.startswith("file://"):
-        path = local_file(uri, settings, "target")
+    if uri.startswith("file:"):
+        path = local_file(uri, settings, "target", caller)
         if not Path(path).is_dir():
             raise TargetNotFound(f"target {uri}: no such directory on the worker; give a model directory below "
                                  f"the allowed roots ({', '.join(settings.allowed_file_roots) or 'none'})")
         return Resolved(path)
     if uri.startswith("s3://"):
-        return _fetch_s3_prefix(uri, settings, cache / "targets", patterns)
+        return _fetch_s3_prefix(uri, settings, cache / "targets", patterns, caller)
     if uri.startswith("hf://"):
         return _fetch_hub(uri, settings, cache / "targets", patterns, repo_type="model")
     raise TargetNotFound(f"target {uri!r}: unsupported scheme")
 
 
-def resolve_prompts(source: str, settings: Settings, cache: Path, *, uploaded_key: str | None = None,
-                    storage=None) -> Resolved:
-    """`uploaded_key`: the storage key of an uploaded `file-...` (the caller looked it up in the org's files)."""
+def resolve_prompts(source: str, settings: Settings, cache: Path, *, caller: Caller, count: int | None = None,
+                    uploaded_key: str | None = None, storage=None) -> Resolved:
+    """`uploaded_key`: the storage key of an uploaded `file-...` (the caller looked it up in the org's files).
+    `count`: the job's data.count; without one a fetched source may hold at most MAX_PROMPTS_PER_JOB prompts."""
     if source == "builtin":
         return Resolved("builtin")
     if source.startswith("file-"):
         local = cache / "files" / f"{source}.jsonl"
         if not local.is_file():
             storage.get_file(uploaded_key, local)
-        return Resolved(str(local))
-    if source.startswith("file://"):
-        path = local_file(source, settings, "prompts file")
+        return Resolved(str(local))  # counted (and capped) when it was uploaded
+    if source.startswith("file:"):
+        path = local_file(source, settings, "prompts file", caller)
         if not Path(path).is_file():
             raise SourceUnavailable(f"prompts file {source}: no such file on the worker")
-        return Resolved(path)
-    if source.startswith("s3://"):
-        return _fetch_s3_object(source, settings, cache / "prompts")
-    if source.startswith("hf://"):
+        resolved = Resolved(path)
+    elif source.startswith("s3://"):
+        resolved = _fetch_s3_object(source, settings, cache / "prompts", caller)
+    elif source.startswith("hf://"):
         fetched = _fetch_hub(source, settings, cache / "prompts", ("*.jsonl",), repo_type="dataset")
         files = sorted(Path(fetched.path).rglob("*.jsonl"))
         chosen = next((f for f in files if f.name == "prompts.jsonl"), files[0] if len(files) == 1 else None)
         if chosen is None:
             raise SourceUnavailable(f"prompts {source}: the dataset repo needs one .jsonl file (or prompts.jsonl); "
                                     f"found {len(files)}")
-        return Resolved(str(chosen), fetched.revision)
-    raise SourceUnavailable(f"prompts {source!r}: unsupported source")
+        resolved = Resolved(str(chosen), fetched.revision)
+    else:
+        raise SourceUnavailable(f"prompts {source!r}: unsupported source")
+    if count is None:
+        _refuse_oversized(resolved.path, source)
+    return resolved
 
 
-def local_file(uri: str, settings: Settings, what: str) -> str:
+def _refuse_oversized(path: str, source: str) -> None:
+    """A job takes every prompt of its source when data.count is null: at most MAX_PROMPTS_PER_JOB of them."""
+    prompts = 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            if line.strip():
+                prompts += 1
+                if prompts > MAX_PROMPTS_PER_JOB:
+                    raise SourceUnavailable(
+                        f"prompts {source}: more than {MAX_PROMPTS_PER_JOB} prompts, the most one job takes; set "
+                        f"data.count (at most {MAX_PROMPTS_PER_JOB}) to draw a sample, or split the source")
+
+
+def local_file(uri: str, settings: Settings, what: str, caller: Caller) -> str:
     """The real path of a file:// URI, refused unless it lies below an allowed root once symlinks are resolved
-    (a link inside a root that points outside it is refused)."""
-    path = os.path.realpath(unquote(uri.removeprefix("file://")))
+    (a link inside a root that points outside it is refused), and outside other organisations' objects in a
+    local storage root and the worker's cache (the scoping rule)."""
+    try:
+        path = os.path.realpath(file_uri_path(uri))
+    except StorageScopeError as exc:
+        raise TargetNotAllowed(f"{what}: {exc}") from None
     # Checked again here, not only at admission: the link may have changed since, or point elsewhere on this disk.
     if not resolved_path_within_roots(path, settings.allowed_file_roots):
         raise TargetNotAllowed(f"{what} {uri} resolves to {path}, outside the allowed roots "
                                f"({', '.join(settings.allowed_file_roots) or 'none configured'}); move it below one "
                                "or ask the operator to allow its directory (DRAFTSMITH_ALLOWED_FILE_ROOTS)")
+    check_local(uri, settings, caller, what)  # as written and as resolved now
+    check_local(Path(path).as_uri(), settings, caller, what)  # the very path that is opened
     return path
 
 
-def _fetch_s3_prefix(uri: str, settings: Settings, cache: Path, patterns: tuple[str, ...]) -> Resolved:
+def _fetch_s3_prefix(uri: str, settings: Settings, cache: Path, patterns: tuple[str, ...],
+                     caller: Caller) -> Resolved:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    client, bucket, prefix, _ = open_s3(uri, settings, caller, what="target")
     prefix = prefix.strip("/")
-    client = s3_client(settings)
     try:
         objects = [item for page in client.get_paginator("list_objects_v2").paginate(
                    Bucket=bucket, Prefix=f"{prefix}/" if prefix else "") for item in page.get("Contents", [])]
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "error")
         error = TargetNotFound if code in ("NoSuchBucket", "404") else SourceUnavailable
-        raise error(f"target {uri}: S3 answered {code}; check the bucket name and the worker's S3 settings") from None
+        raise error(f"target {uri}: S3 answered {code}; {PRIVATE_BUCKET_HINT}") from None
     except BotoCoreError as exc:
         raise SourceUnavailable(f"target {uri}: S3 is unreachable ({type(exc).__name__})") from None
     wanted = [item for item in objects if "/" not in item["Key"][len(prefix) + 1 if prefix else 0:]
@@ -139,20 +233,19 @@ def _fetch_s3_prefix(uri: str, settings: Settings, cache: Path, patterns: tuple[
     return Resolved(str(local), revision)
 
 
-def _fetch_s3_object(uri: str, settings: Settings, cache: Path) -> Resolved:
+def _fetch_s3_object(uri: str, settings: Settings, cache: Path, caller: Caller) -> Resolved:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    client, bucket, key, _ = open_s3(uri, settings, caller, what="prompts")
     local = cache / "s3" / hashlib.sha256(uri.encode()).hexdigest()[:16] / key.rsplit("/", 1)[-1]
     try:
-        head = s3_client(settings).head_object(Bucket=bucket, Key=key)
+        head = client.head_object(Bucket=bucket, Key=key)
         if not (local.is_file() and local.stat().st_size == head["ContentLength"]):
             local.parent.mkdir(parents=True, exist_ok=True)
-            s3_client(settings).download_file(bucket, key, str(local))
+            client.download_file(bucket, key, str(local))
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "error")
-        raise SourceUnavailable(f"prompts {uri}: S3 answered {code}; check the key and the worker's S3 "
-                                "settings") from None
+        raise SourceUnavailable(f"prompts {uri}: S3 answered {code}; {PRIVATE_BUCKET_HINT}") from None
     except BotoCoreError as exc:
         raise SourceUnavailable(f"prompts {uri}: S3 is unreachable ({type(exc).__name__})") from None
     return Resolved(str(local), head.get("ETag", "").strip('"') or None)

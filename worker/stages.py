@@ -27,7 +27,7 @@ from trainer.pipeline import Launch, Layout, StageHooks, run_stage
 from worker.context import WorkerContext
 from worker.drafters import record_lineage, resolve_drafter
 from worker.reporting import StageReporter
-from worker.sources import resolve_prompts, resolve_target
+from worker.sources import Caller, resolve_prompts, resolve_target
 from worker.usage import StageUsage
 from worker.sync import WorkSync
 
@@ -119,14 +119,16 @@ def _local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles,
         pinned = json.loads(sources_file.read_text())
         target_uri, source = pinned["target"]["pinned_uri"], pinned["prompts"]["pinned_uri"]
     cache = ctx.cache
-    target = resolve_target(target_uri, ctx.settings, cache, allow_pickle=spec.target.allow_pickle,
+    caller = Caller(job.org_id, ctx.session_factory)  # every fetch is judged for this organisation
+    target = resolve_target(target_uri, ctx.settings, cache, caller=caller, allow_pickle=spec.target.allow_pickle,
                             trust_remote_code=spec.target.trust_remote_code)
     uploaded_key = None
     if source.startswith("file-"):
         with ctx.session_factory() as session:
             uploaded_key = session.scalar(select(PromptFile.storage_key).where(
                 PromptFile.id == source, PromptFile.org_id == job.org_id))
-    prompts = resolve_prompts(source, ctx.settings, cache, uploaded_key=uploaded_key, storage=ctx.storage)
+    prompts = resolve_prompts(source, ctx.settings, cache, caller=caller, count=spec.data.count,
+                              uploaded_key=uploaded_key, storage=ctx.storage)
     parent = None
     if spec.init is not None:  # a warm start: the parent drafter, pinned like the target
         reference = spec.init.from_drafter if pin or not sources_file.is_file() else \

@@ -18,9 +18,11 @@ from api.jobs import (
     list_jobs,
     parse_job_spec,
     resume_job,
+    uploaded_prompt_count,
 )
 from api.problems import FieldError, InvalidRequest, problem_responses
 from api.schemas import EstimateOut, JobList, JobOut
+from api.storage_scope import check_spec_storage
 from schemas.bounds import TARGET_PARAMETERS_BILLION_RANGE
 from schemas.job_spec import JobSpec
 
@@ -127,6 +129,8 @@ def list_(
 def estimate(
     principal: ReadPrincipal,
     spec: SpecBody,
+    session: SessionDep,
+    services: ServicesDep,
     gpu_class: Annotated[GpuClassName | None, Query(description="One class; default: all classes.")] = None,
     gpu_count: Annotated[int, Query(ge=1, le=64)] = 1,
     target_parameters_billion: Annotated[
@@ -135,8 +139,13 @@ def estimate(
               description="Target size in billions of parameters; default from the bundled table or model name."),
     ] = None,
 ) -> EstimateOut:
+    # The job would be refused for these; so is its estimate (and an uploaded file is counted, not guessed).
+    check_spec_storage(session, services.settings, principal.org_id, spec)
+    uploaded = None
+    if spec.data.source.startswith("file-"):
+        uploaded = uploaded_prompt_count(session, principal.org_id, spec.data.source)
     return estimate_job(spec, gpu_class=gpu_class, gpu_count=gpu_count,
-                        target_parameters_billion=target_parameters_billion)
+                        target_parameters_billion=target_parameters_billion, uploaded_prompts=uploaded)
 
 
 @router.get("/{job_id}", response_model=JobOut, summary="Get a job", responses=problem_responses(401, 403, 404))

@@ -183,7 +183,7 @@ def test_concurrency_limit_per_organisation(harness):
 
 def test_estimate(harness):
     org = harness.new_org(scopes=("read",))
-    body = {"target": {"uri": "hf://acme/support-llama-8b@v3"}, "data": {"count": 1000},
+    body = {"target": {"uri": "hf://acme/support-llama-8b@v3"}, "data": {"source": "hf://acme/prompts", "count": 1000},
             "sampling": {"max_new_tokens": 512}, "training": {"max_steps": 100, "max_minutes": 1}}
     response = harness.client.post("/v1/jobs/estimate?gpu_class=h100-80gb", json=body, headers=org.headers)
     assert response.status_code == 200, response.text

@@ -1,0 +1,404 @@
+"""Which storage a URI in a spec may reach, and with whose credentials (issue 20).
+
+The deployment's own storage (`storage_url`: an S3 bucket and prefix, or a local directory) holds every
+organisation's uploads, work files and artifacts, and the service reads and writes it with its own credentials.
+A spec that could name objects there by URI would make the service a confused deputy: organisation B trains on
+A's prompts, or publishes over A's artifacts. `check_storage_uri` is the one rule. The API calls it when a spec
+is accepted (a job, an audit, a publish destination; `check_spec_storage`) and the worker again before every
+fetch and every publish, since specs are stored (a row can be edited) and a worker may see other endpoints.
+
+- A URI *reaches the deployment's storage* when any reasonable reading of it names the deployment's bucket on
+  the deployment's endpoint: the bucket in any case; virtual-host spellings (`bucket.s3.amazonaws.com`,
+  `bucket.<endpoint host>`, as a bucket name or as an endpoint); a path-style spelling
+  (`s3://<endpoint host>/<bucket>/...`); an alias of the endpoint (another name or address of the same server;
+  any AWS S3 endpoint when the deployment is on AWS, where bucket names are global). A `file://` URI reaches it
+  when the path resolves (symbolic links included) into the local storage root. Readings are taken together:
+  one that lands in the deployment's storage decides.
+- Such a URI is accepted for *reading* only when it is spelled plainly (the storage prefix, then segments of
+  letters, digits, '.', '_', '-': no `//`, `%`-escapes, `.`/`..` segments, other case) and lies under one of the
+  caller's own prefixes: `files/<its org id>/` or `jobs/<one of its job ids>/`. (Keys keep job ids at the top
+  level, so "the organisation's prefix" is that pair; moving every stored object under `orgs/<id>/` would need a
+  data migration for the same guarantee.) It is never accepted as a *publish destination*: the service's
+  storage is written by the service only, and registered artifacts carry the sha256s downloads are checked
+  against, even one's own.
+- `file://` URIs into the worker's cache (`worker_cache_dir`: every job it ran, uploaded files by id) are
+  refused outright; nobody has a reason to name it.
+- Objects of one organisation are reachable by another only through an explicit, audited share (none yet).
+
+Other buckets (`choose_s3_access`): the deployment's credentials are never lent to them, unless the operator
+lists the bucket in `s3_trusted_buckets` (a shared models bucket, say; `*` in a development setup, whose one
+organisation is the operator). An organisation reads its own buckets
+with its own secret: the one a publish destination names (`credentials_secret`), else a secret named
+`s3.<bucket>`, else one named `s3`; without one a read is anonymous (public buckets only) and a publish refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import os
+import re
+import socket
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import unquote, urlsplit
+
+from api.settings import Settings
+from api.storage import check_key
+
+AWS_S3_HOST_RE = re.compile(r"^(?:[a-z0-9-]+\.)*s3(?:[.-][a-z0-9-]+)*\.amazonaws\.com(?:\.cn)?$")
+_SECRET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")  # schemas.job_spec.SECRET_NAME_PATTERN
+DEFAULT_S3_SECRET = "s3"
+OWN_PREFIXES_HINT = "files/<your organisation id>/ or jobs/<one of your job ids>/"
+
+
+class StorageScopeError(ValueError):
+    """The URI may not be used by this organisation; the message says why and what to do instead."""
+
+
+class CredentialsNeeded(StorageScopeError):
+    """A publish destination outside the trusted buckets, without the organisation's own credentials."""
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """Whose spec this is: the organisation, which job ids are its own, which secrets it has stored."""
+
+    org_id: str
+    owns_job: Callable[[str], bool]
+    secret_names: Callable[[], Collection[str]]
+
+
+@dataclass(frozen=True)
+class DeploymentObject:
+    """A URI that lies in the deployment's own storage, under the caller's prefix: the storage key to use."""
+
+    key: str
+
+
+# --- endpoints ------------------------------------------------------------------------------------------------
+
+
+def _host_port(endpoint_url: str | None) -> tuple[str, int] | None:
+    """(host, port) of an endpoint URL; None for AWS (no endpoint configured, or any amazonaws.com host)."""
+    if not endpoint_url:
+        return None
+    parts = urlsplit(endpoint_url if "://" in endpoint_url else f"https://{endpoint_url}")
+    host = (parts.hostname or "").rstrip(".").lower()
+    if AWS_S3_HOST_RE.match(host) or host.endswith((".amazonaws.com", ".amazonaws.com.cn")):
+        return None
+    try:
+        port = parts.port or (80 if parts.scheme == "http" else 443)
+    except ValueError:
+        port = 443
+    return host, port
+
+
+@functools.lru_cache(maxsize=256)
+def _names_of(host: str) -> frozenset[str]:
+    """Every name we know an endpoint host by: itself, its addresses, and `localhost` for a loopback one.
+    Only endpoints from settings and organisation secrets are resolved, never a part of a user's URI."""
+    names = {host}
+    try:
+        names |= {str(info[4][0]).split("%", 1)[0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        pass
+    for name in list(names):
+        try:
+            address = ipaddress.ip_address(name.strip("[]"))
+        except ValueError:
+            continue
+        names.add(str(address))
+        if address.is_loopback:
+            names |= {"localhost", "127.0.0.1", "::1"}
+    return frozenset(names)
+
+
+def same_endpoint(a: str | None, b: str | None) -> bool:
+    """Whether two endpoint URLs reach the same S3 service (aliases and addresses included)."""
+    ha, hb = _host_port(a), _host_port(b)
+    if ha is None or hb is None:
+        return ha is None and hb is None
+    return ha[1] == hb[1] and bool(_names_of(ha[0]) & _names_of(hb[0]))
+
+
+def _is_endpoint_host(name: str, endpoint_url: str | None) -> bool:
+    """Whether `name` (a part of a URI, never resolved) spells the host of `endpoint_url`, or any AWS S3 host
+    (S3-compatible servers that route by host take those too)."""
+    name = name.rstrip(".").lower()
+    if AWS_S3_HOST_RE.match(name):
+        return True
+    known = _host_port(endpoint_url)
+    return known is not None and name in _names_of(known[0])
+
+
+def _virtual_host_label(endpoint_url: str | None) -> str | None:
+    """The bucket a virtual-host style endpoint (`http://<bucket>.<server>`) names in its host, if it could."""
+    host = (urlsplit(endpoint_url if endpoint_url and "://" in endpoint_url else f"https://{endpoint_url}").hostname
+            or "") if endpoint_url else ""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    label, dot, _ = host.rstrip(".").partition(".")
+    return label.lower() if dot and label else None
+
+
+# --- readings of an s3:// URI -----------------------------------------------------------------------------------
+
+
+def _s3_readings(bucket: str, key: str, endpoint_url: str | None) -> list[tuple[str, str]]:
+    """The (bucket, key) pairs an S3-compatible server at `endpoint_url` might take `s3://bucket/key` for."""
+    readings = [(bucket, key)]
+    for index, char in enumerate(bucket):  # `name.<endpoint host>` spelled as a bucket: virtual-host style
+        if char == "." and _is_endpoint_host(bucket[index + 1:], endpoint_url):
+            readings.append((bucket[:index], key))
+    if _is_endpoint_host(bucket, endpoint_url):  # `s3://<endpoint host>/<bucket>/key`: path style
+        first, _, rest = key.lstrip("/").partition("/")
+        readings.append((first, rest))
+    label = _virtual_host_label(endpoint_url)
+    if label is not None:  # the endpoint itself virtual-host style: `http://<bucket>.<server>` + path /bucket/key
+        readings.append((label, f"{bucket}/{key}"))
+    return readings
+
+
+def _deployment_bucket(settings: Settings) -> tuple[str, str] | None:
+    if not settings.storage_url.startswith("s3://"):
+        return None
+    bucket, _, prefix = settings.storage_url.removeprefix("s3://").partition("/")
+    return bucket, prefix.strip("/")
+
+
+def _own_key(relative: str, tenant: Tenant, uri: str) -> str:
+    """`relative` (a key below the storage prefix) if it lies under one of the tenant's prefixes."""
+    plain = relative[:-1] if relative.endswith("/") else relative
+    try:
+        check_key(plain)
+    except ValueError:
+        raise StorageScopeError(
+            f"{uri} lies in Draftsmith's own storage, and there only plainly spelled keys under your organisation's "
+            f"prefixes are reachable ({OWN_PREFIXES_HINT}); write the key without '//', '%' escapes or '.' "
+            "segments") from None
+    parts = plain.split("/")
+    owned = len(parts) >= 2 and (
+        (parts[0] == "files" and parts[1] == tenant.org_id) or (parts[0] == "jobs" and tenant.owns_job(parts[1])))
+    if not owned:
+        raise StorageScopeError(
+            f"{uri} lies in Draftsmith's own storage outside your organisation's prefixes ({OWN_PREFIXES_HINT}); "
+            "another organisation's objects are not reachable. Use your own uploads (data.source = a file id), "
+            "drafters (drf_...) or buckets")
+    return plain
+
+
+def _check_s3(uri: str, settings: Settings, tenant: Tenant, *, write: bool,
+              endpoint_url: str | None) -> DeploymentObject | None:
+    deployment = _deployment_bucket(settings)
+    if deployment is None:
+        return None
+    storage_bucket, prefix = deployment
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    endpoints = [settings.s3_endpoint_url]  # the API's view, always (it cannot see a secret's endpoint)
+    if endpoint_url is not None and not same_endpoint(endpoint_url, settings.s3_endpoint_url):
+        endpoints.append(endpoint_url)  # the endpoint this fetch really goes to: its own aliases count too
+    hits = {(b, k) for endpoint in endpoints for b, k in _s3_readings(bucket, key, endpoint)
+            if b.lower() == storage_bucket.lower()}
+    if not hits:
+        return None
+    if write:
+        raise StorageScopeError(f"{uri} lies in Draftsmith's own storage, which only the service writes; publish "
+                                "to a bucket of your own (its artifacts are already downloadable from Draftsmith)")
+    if (bucket, key) not in hits or bucket != storage_bucket:
+        raise StorageScopeError(f"{uri} spells Draftsmith's own storage in another way; write it as "
+                                f"s3://{storage_bucket}/{prefix + '/' if prefix else ''}<key>, under "
+                                f"{OWN_PREFIXES_HINT}")
+    if prefix and not key.startswith(prefix + "/"):
+        raise StorageScopeError(f"{uri} lies in Draftsmith's own bucket outside its storage prefix; only "
+                                f"s3://{storage_bucket}/{prefix}/ + {OWN_PREFIXES_HINT} is reachable")
+    return DeploymentObject(_own_key(key[len(prefix) + 1:] if prefix else key, tenant, uri))
+
+
+# --- file:// ----------------------------------------------------------------------------------------------------
+
+
+def file_uri_path(uri: str) -> str:
+    """The local path a file:// URI names (`file:///p` or `file://localhost/p`), percent-decoded."""
+    parts = urlsplit(uri)
+    if parts.netloc not in ("", "localhost"):
+        raise StorageScopeError(f"{uri}: file URIs name this machine's files: file:///absolute/path")
+    path = unquote(parts.path)
+    if not path.startswith("/"):
+        raise StorageScopeError(f"{uri}: file URIs must be absolute: file:///absolute/path")
+    return path
+
+
+def _inside(path: str, root: str) -> str | None:
+    """`path` relative to `root` when it lies at or below it (compared without case, as a case-insensitive
+    filesystem would), else None."""
+    folded, folded_root = path.casefold(), root.rstrip("/").casefold()
+    if folded == folded_root:
+        return ""
+    if folded.startswith(folded_root + "/"):
+        return path[len(root.rstrip("/")) + 1:]
+    return None
+
+
+def _check_file(uri: str, settings: Settings, tenant: Tenant, *, write: bool) -> DeploymentObject | None:
+    path = file_uri_path(uri)
+    candidates = {os.path.normpath(path), os.path.realpath(path)}  # as written, and where it really leads
+    cache = os.path.realpath(settings.worker_cache_dir)
+    if any(_inside(candidate, cache) is not None for candidate in candidates):
+        raise StorageScopeError(f"{uri} lies in the worker's cache, which holds other jobs' files; give a path "
+                                "below the allowed roots outside it")
+    if not settings.storage_url.startswith("file://"):
+        return None
+    root = os.path.realpath(file_uri_path(settings.storage_url))
+    relative = next((r for r in (_inside(c, root) for c in candidates) if r is not None), None)
+    if relative is None:
+        return None
+    if write:
+        raise StorageScopeError(f"{uri} lies in Draftsmith's own storage, which only the service writes")
+    real_relative = _inside(os.path.realpath(path), root)
+    if real_relative is None:  # written inside, but a link leads out: judge what is really read
+        return None
+    return DeploymentObject(_own_key(real_relative, tenant, uri))
+
+
+def check_storage_uri(uri: str, settings: Settings, tenant: Tenant, *, write: bool = False,
+                      endpoint_url: str | None = None) -> DeploymentObject | None:
+    """The rule (module docstring). Returns where in the deployment's storage the URI lies (under the tenant's
+    own prefix) or None when it lies elsewhere; raises StorageScopeError when it may not be used. `endpoint_url`:
+    the endpoint the caller will really contact, when it is not the deployment's (an organisation secret's)."""
+    if uri.lower().startswith("s3://"):
+        return _check_s3(uri, settings, tenant, write=write, endpoint_url=endpoint_url)
+    if uri.lower().startswith("file:"):
+        return _check_file(uri, settings, tenant, write=write)
+    return None  # hf://, bundled:, builtin, file-..., drf_...: not storage, or checked by id and organisation
+
+
+# --- credentials for other buckets ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class S3Access:
+    kind: Literal["deployment", "secret", "anonymous"]
+    secret: str | None = None
+
+
+def choose_s3_access(bucket: str, settings: Settings, secret_names: Collection[str], *,
+                     explicit_secret: str | None = None, write: bool = False) -> S3Access:
+    """Whose credentials reach `bucket` (not the deployment's storage: `check_storage_uri` first)."""
+    if explicit_secret:
+        return S3Access("secret", explicit_secret)
+    per_bucket = f"s3.{bucket}"
+    if _SECRET_NAME_RE.match(per_bucket) and per_bucket in secret_names:
+        return S3Access("secret", per_bucket)
+    if bucket in settings.s3_trusted_buckets or "*" in settings.s3_trusted_buckets:
+        return S3Access("deployment")
+    if DEFAULT_S3_SECRET in secret_names:
+        return S3Access("secret", DEFAULT_S3_SECRET)
+    if write:
+        raise CredentialsNeeded(
+            f"publishing to s3://{bucket} needs your own credentials: store them with PUT /v1/secrets/NAME "
+            '({"access_key_id", "secret_access_key", "endpoint_url"?, "region"?}) and name the secret in '
+            f"credentials_secret (or call it s3.{bucket} or s3); this deployment lends its own only to "
+            "DRAFTSMITH_S3_TRUSTED_BUCKETS")
+    return S3Access("anonymous")
+
+
+# --- at admission: every URI of a spec --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpecUri:
+    field: str
+    uri: str
+    write: bool = False
+    credentials_secret: str | None = None
+
+
+def spec_storage_uris(spec: object) -> list[SpecUri]:
+    """The URI-bearing fields of a job spec (target, data source, warm start, publish destinations) or an audit
+    spec (drafter, target, data source), with the names a problem reports them by."""
+    found = [SpecUri("target.uri", spec.target.uri)]  # type: ignore[attr-defined]
+    data = getattr(spec, "data", None)
+    if data is not None:
+        found.append(SpecUri("data.source", data.source))
+    drafter = getattr(spec, "drafter", None)
+    if isinstance(drafter, str):  # an audit's drafter reference
+        found.append(SpecUri("drafter", drafter))
+    init = getattr(spec, "init", None)
+    if init is not None:
+        found.append(SpecUri("init.from_drafter", init.from_drafter))
+    for index, destination in enumerate(getattr(spec, "publish", None) or []):
+        if destination.kind == "s3":
+            found.append(SpecUri(f"publish.{index}.uri", destination.uri, write=True,
+                                 credentials_secret=destination.credentials_secret))
+    return found
+
+
+def tenant_for(session: object, org_id: str) -> Tenant:
+    """The tenant, answering from the database through `session` (a SQLAlchemy session)."""
+    from sqlalchemy import select
+
+    from api.models import Job, OrgSecret
+
+    def owns_job(job_id: str) -> bool:
+        return session.scalar(select(Job.id).where(Job.id == job_id, Job.org_id == org_id)) is not None  # type: ignore[attr-defined]
+
+    def secret_names() -> set[str]:
+        return set(session.scalars(select(OrgSecret.name).where(OrgSecret.org_id == org_id)))  # type: ignore[attr-defined]
+
+    return Tenant(org_id, owns_job, secret_names)
+
+
+def check_spec_storage(session: object, settings: Settings, org_id: str, spec: object) -> None:
+    """Refuse (422 naming each field) a spec with a URI its organisation may not use, or a publish destination
+    it has no credentials for."""
+    from api.problems import FieldError, InvalidRequest
+
+    tenant = tenant_for(session, org_id)
+    errors = []
+    for item in spec_storage_uris(spec):
+        try:
+            inside = check_storage_uri(item.uri, settings, tenant, write=item.write)
+            if item.write and inside is None:
+                bucket = item.uri.removeprefix("s3://").partition("/")[0]
+                choose_s3_access(bucket, settings, tenant.secret_names(), explicit_secret=item.credentials_secret,
+                                 write=True)
+        except StorageScopeError as exc:
+            field = item.field
+            if isinstance(exc, CredentialsNeeded):
+                field = field.removesuffix(".uri") + ".credentials_secret"
+            errors.append(FieldError(field=field, message=str(exc)))
+    if errors:
+        raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors)
+
+
+def refuse_link_loops(uri: str) -> None:
+    """A file:// path that cannot be resolved because its symbolic links go round in a loop, or a directory with a
+    link back to itself or above (a walk through it never ends), is refused. A path this machine does not have
+    passes: the worker judges its own disk."""
+    import errno
+
+    path = file_uri_path(uri)
+    try:
+        real = os.path.realpath(path, strict=True)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageScopeError(f"{uri}: its symbolic links form a loop; give a path that resolves") from None
+        return
+    if os.path.isdir(real):
+        try:
+            entries = list(os.scandir(real))
+        except OSError:
+            return
+        for entry in entries[:10_000]:
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if real == target or real.startswith(target.rstrip("/") + "/"):
+                    raise StorageScopeError(f"{uri}: {entry.name} links back to the directory or above it (a loop); "
+                                            "remove the link")

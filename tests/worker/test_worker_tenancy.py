@@ -1,0 +1,201 @@
+"""Issue 20 in the worker, on PostgreSQL with S3 storage in a real `moto_server`: specs are stored, so the worker
+judges every URI again before it fetches or publishes. A hostile spec injected straight into the database (as a
+compromised or hand-edited row would be) names organisation A's objects through every URI-bearing field; the
+worker (`run_job`, `run_audit`, in this process) fails the job with `storage_not_allowed` naming the URI, and
+nothing of A's is read into B's job or written over: A's objects are byte for byte what they were.
+
+The API's refusal of the same specs: tests/api/test_api_tenancy.py. Jobs here stop before any model is loaded;
+organisation A's objects come from the fake stage runner the API tests use."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from sqlalchemy import select
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # the API tests' harness and fake stage runner
+
+from api.models import Audit, Job, new_id  # noqa: E402
+from api.queue import all_queues  # noqa: E402
+from api.states import Stage  # noqa: E402
+from api_harness import Harness, build_harness, make_settings  # noqa: E402
+from schemas.job_spec import JobSpec  # noqa: E402
+from services import fresh_postgres_database, moto_server  # noqa: E402
+
+BUCKET, OTHER_BUCKET = "draftsmith-w-tenancy", "b-other-bucket"
+MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory) -> Iterator[Harness]:
+    from api.db import upgrade
+
+    url, drop = fresh_postgres_database("draftsmith_worker_tenancy")
+    upgrade(url)
+    try:
+        with moto_server() as endpoint:
+            s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                              aws_secret_access_key="testing")
+            for bucket in (BUCKET, OTHER_BUCKET):
+                s3.create_bucket(Bucket=bucket)
+            settings = make_settings(url, tmp_path_factory.mktemp("unused"), storage_url=f"s3://{BUCKET}/service",
+                                     s3_endpoint_url=endpoint, s3_access_key_id="testing",
+                                     s3_secret_access_key="testing",
+                                     worker_cache_dir=str(tmp_path_factory.mktemp("worker-cache")))
+            for built in build_harness(settings):
+                yield built
+    finally:
+        drop()
+
+
+@pytest.fixture(scope="module")
+def ctx(harness):
+    from worker.context import WorkerContext
+
+    return WorkerContext(harness.settings, frozenset(all_queues(harness.settings)))
+
+
+def s3_objects(harness: Harness, bucket: str = BUCKET) -> dict[str, str]:
+    s3 = boto3.client("s3", endpoint_url=harness.settings.s3_endpoint_url, region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    return {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])}
+
+
+def inject(harness: Harness, job_id: str, **sections: Any) -> None:
+    """Replace a stored job's spec behind the API's back, as a hand-edited row would."""
+    with harness.services.session_factory() as session:
+        job = session.get(Job, job_id)
+        spec = JobSpec.model_validate({**job.spec, **sections}, context={"allowed_file_roots": ["/"]})
+        job.spec = spec.model_dump(mode="json")
+        session.commit()
+
+
+def outcome(harness: Harness, job_id: str) -> tuple[str, str | None, str, str | None]:
+    with harness.services.session_factory() as session:
+        job = session.get(Job, job_id)
+        return job.status, job.error_code, job.error_message or "", job.error_stage
+
+
+@pytest.fixture(scope="module")
+def organisation_a(harness):
+    a = harness.new_org()
+    upload = harness.client.post("/v1/files", files={"file": ("p.jsonl", b'{"prompt": "A only"}\n' * 24)},
+                                 headers=a.headers).json()
+    job_id = harness.create_job(a)["id"]
+    harness.runner.run_to_end(job_id)
+    harness.services.storage.put_bytes(f"jobs/{job_id}/work/sources.json", b'{"private": "A"}')
+    return a, upload["id"], job_id
+
+
+def test_hostile_stored_specs_fail_in_the_worker_and_touch_nothing_of_a(harness, ctx, organisation_a):
+    from worker.runner import Outcome, run_job
+
+    a, a_file, a_job = organisation_a
+    b = harness.new_org()
+    base = f"s3://{BUCKET}/service"
+    files, artifacts = f"{base}/files/{a.org_id}/{a_file}.jsonl", f"{base}/jobs/{a_job}/artifacts"
+    cases = [  # (sections of the injected spec, the URI its error must name)
+        ({"target": {"uri": f"{base}/jobs/{a_job}/work"}}, f"{base}/jobs/{a_job}/work"),
+        ({"data": {"source": files}}, files),
+        ({"data": {"source": files.replace("/files/", "//files/")}}, "//files/"),
+        ({"data": {"source": files.replace(f"s3://{BUCKET}", f"s3://{BUCKET}.localhost")}}, f"{BUCKET}.localhost"),
+        ({"init": {"from_drafter": artifacts}}, artifacts),
+    ]
+    before = s3_objects(harness)
+    sent: list[tuple[str, Stage]] = []
+    for sections, named in cases:
+        job_id = harness.create_job(b)["id"]
+        inject(harness, job_id, **sections)
+        assert run_job(ctx, job_id, lambda job, stage: sent.append((job, stage))) is Outcome.FAILED
+        status, code, message, stage = outcome(harness, job_id)
+        assert (status, code, stage) == ("failed", "storage_not_allowed", "prepare"), (sections, code, message)
+        assert named in message and "own storage" in message, message
+    assert s3_objects(harness) == before and not sent  # nothing written, read into B's jobs, or handed on
+    assert not [p for p in Path(ctx.cache).rglob("*") if a_file in p.name or "A only" in _text(p)]
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="ignore") if path.is_file() and path.stat().st_size < 1 << 20 else ""
+
+
+def test_a_hostile_publish_destination_is_refused_before_anything_is_copied(harness, ctx, organisation_a):
+    from worker.runner import Outcome, run_job
+
+    a, _, a_job = organisation_a
+    b, b2 = harness.new_org(), harness.new_org()
+    value = json.dumps({"access_key_id": "b2-key", "secret_access_key": "b2-secret-0123456789"})
+    assert harness.client.put(f"/v1/secrets/s3.{OTHER_BUCKET}", json={"value": value},
+                              headers=b2.headers).status_code == 200
+    a_artifacts = f"s3://{BUCKET}/service/jobs/{a_job}/artifacts"
+    cases = [
+        (b, [{"kind": "s3", "uri": a_artifacts, "private": False}]),
+        (b, [{"kind": "s3", "uri": a_artifacts.replace("/jobs/", "//jobs/")}]),
+        (b, [{"kind": "s3", "uri": f"s3://{OTHER_BUCKET}/b"}]),  # no secret of B's: the deployment's are not lent
+        # B2 may publish to its own bucket, but not when another destination is A's: nothing is copied anywhere.
+        (b2, [{"kind": "s3", "uri": f"s3://{OTHER_BUCKET}/b2"}, {"kind": "s3", "uri": a_artifacts}]),
+    ]
+    before, other_before = s3_objects(harness), s3_objects(harness, OTHER_BUCKET)
+    for org, publish in cases:
+        job_id = harness.create_job(org)["id"]
+        for _ in range(5):  # prepare .. export: the organisation's own artifacts, by the stage-runner API
+            harness.runner.run_stage(job_id)
+        inject(harness, job_id, publish=publish)
+        assert run_job(ctx, job_id, lambda job, stage: None) is Outcome.FAILED
+        status, code, message, stage = outcome(harness, job_id)
+        assert (status, code, stage) == ("failed", "storage_not_allowed", "publish"), (publish, message)
+        assert "publish[" in message and "b2-secret" not in message
+    unchanged = {key: etag for key, etag in s3_objects(harness).items() if f"/jobs/{a_job}/" in key}
+    assert unchanged == {key: etag for key, etag in before.items() if f"/jobs/{a_job}/" in key}
+    assert s3_objects(harness, OTHER_BUCKET) == other_before == {}
+
+
+def test_a_hostile_audit_drafter_fails_the_audit(harness, ctx, organisation_a):
+    from worker.audits import run_audit
+
+    a, _, a_job = organisation_a
+    b = harness.new_org()
+    drafter = f"s3://{BUCKET}/service/jobs/{a_job}/artifacts"
+    with harness.services.session_factory() as session:
+        audit = Audit(id=new_id("aud_"), org_id=b.org_id, status="queued", drafter_ref=drafter,
+                      target_uri="bundled:smollm2-135m", attempts=0,
+                      spec={"drafter": drafter, "target": {"uri": "bundled:smollm2-135m"}, "data": {"source": "builtin"}})
+        session.add(audit)
+        session.commit()
+        audit_id = audit.id
+    before = s3_objects(harness)
+    assert run_audit(ctx, audit_id) == "failed"
+    with harness.services.session_factory() as session:
+        row = session.scalar(select(Audit).where(Audit.id == audit_id))
+        assert (row.status, row.error_code) == ("failed", "storage_not_allowed") and drafter in row.error_message
+    assert s3_objects(harness) == before
+
+
+def test_the_worker_reads_with_whose_credentials(harness, ctx, organisation_a, monkeypatch):
+    from botocore import UNSIGNED
+
+    import worker.sources as sources
+    from worker.sources import Caller, SourceUnavailable, open_s3, resolve_prompts
+
+    a, a_file, _ = organisation_a
+    caller = Caller(a.org_id, ctx.session_factory)
+    own = f"s3://{BUCKET}/service/files/{a.org_id}/{a_file}.jsonl"
+    client, bucket, key, _ = open_s3(own, harness.settings, caller, what="prompts")  # A's own upload, by URI
+    assert client.get_object(Bucket=bucket, Key=key)["Body"].read().count(b"A only") == 24
+    anonymous, _, _, _ = open_s3(f"s3://{OTHER_BUCKET}/x.jsonl", harness.settings, caller, what="prompts")
+    assert anonymous.meta.config.signature_version is UNSIGNED  # not the deployment's keys
+    value = json.dumps({"access_key_id": "a-own-key", "secret_access_key": "a-own-secret-0123456789"})
+    assert harness.client.put(f"/v1/secrets/s3.{OTHER_BUCKET}", json={"value": value},
+                              headers=a.headers).status_code == 200
+    signed, _, _, held = open_s3(f"s3://{OTHER_BUCKET}/x.jsonl", harness.settings, caller, what="prompts")
+    assert signed._request_signer._credentials.access_key == "a-own-key" and "a-own-secret-0123456789" in held
+    # A fetched source read whole (data.count null) holds at most MAX_PROMPTS_PER_JOB prompts.
+    monkeypatch.setattr(sources, "MAX_PROMPTS_PER_JOB", 10)
+    with pytest.raises(SourceUnavailable, match="more than 10 prompts"):
+        resolve_prompts(own, harness.settings, Path(ctx.cache) / "cap", caller=Caller(a.org_id, ctx.session_factory))
+    assert resolve_prompts(own, harness.settings, Path(ctx.cache) / "cap", caller=caller, count=5).path
