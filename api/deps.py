@@ -28,6 +28,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.admission import PRINCIPAL_STATE_KEY
 from api.auth import Principal, authenticate
 from api.db import PoolLimits, create_db_engine, create_session_factory
 from api.queue import CeleryQueue, RecordingQueue, queue_from_settings
@@ -135,15 +136,24 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer dsk_...`")
 
 
-def get_principal(
+async def get_principal(
     request: Request,
     services: ServicesDep,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    # A session of its own, closed here: the connection goes back to the pool before the request waits for
-    # its body or for a thread for its route, whose session checks one out again.
-    with read_sessions(services)() as session:
-        return authenticate(session, services.settings, request.headers.get("authorization"))
+    # Admission control checked the key before the request could wait for a slot (api/admission.py) and left
+    # the principal here; a request it let through unchecked (the database was down then) is checked now.
+    principal = request.scope.get("state", {}).get(PRINCIPAL_STATE_KEY)
+    if isinstance(principal, Principal):
+        return principal
+
+    def check() -> Principal:
+        # A session of its own, closed here: the connection goes back to the pool before the route's thread
+        # checks one out again.
+        with read_sessions(services)() as session:
+            return authenticate(session, services.settings, request.headers.get("authorization"))
+
+    return await anyio.to_thread.run_sync(check)
 
 
 def _require(scope: str):  # noqa: ANN202 - returns a dependency callable

@@ -6,20 +6,20 @@
   field instead of letting the value reach a query.
 - `JsonBodyMiddleware`: a body sent to a `/v1` route must be `application/json` in UTF-8 (415 otherwise;
   uploads must be `multipart/form-data`), and must parse under `schemas.bounds.loads_json`'s limits
-  (depth, 64-bit numbers, no NaN), else 422 naming `body`. The body is already bounded in size by
-  `BodySizeLimitMiddleware`, which sits outside this one, so buffering it here is safe.
+  (depth, 64-bit numbers, no NaN), else 422 naming `body`. Admission control (api/admission.py), outside
+  this one, has already received the body whole, bounded in size and in time, so reading it here never
+  waits on the client.
 """
 
 from __future__ import annotations
 
 import email.message
-import json
 
 from fastapi import Request
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE, FieldError, InvalidRequest
+from api.problems import FieldError, InvalidRequest, send_problem
 from schemas.bounds import JsonInputError, find_control_character, loads_json
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -109,12 +109,4 @@ class JsonBodyMiddleware:
 
 async def _problem(send: Send, scope: Scope, status: int, slug: str, title: str, detail: str,
                    errors: list[dict[str, str]] | None = None) -> None:
-    problem: dict[str, object] = {"type": PROBLEM_TYPE_BASE + slug, "title": title, "status": status,
-                                  "detail": detail, "instance": scope["path"]}
-    if errors:
-        problem["errors"] = errors
-    body = json.dumps(problem).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", PROBLEM_MEDIA_TYPE.encode()),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    await send_problem(scope, send, status, slug, title, detail, errors=errors)

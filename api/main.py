@@ -13,9 +13,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
+from fastapi.responses import HTMLResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.admission import AdmissionControlMiddleware, configure_thread_limiter
+from api.admission import AdmissionCollector, AdmissionControlMiddleware, AdmissionState, configure_thread_limiter
 from api.dashboard import router as dashboard_router
 from api.deps import services_for
 from api.edge import JsonBodyMiddleware, refuse_control_characters
@@ -100,12 +101,42 @@ def _document_problems(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def _serve_docs_locally(app: FastAPI) -> None:
+    """/docs (Swagger UI) and /redoc from the vendored copies the dashboard serves (api/dashboard/static/
+    VENDORED.md), not FastAPI's CDN defaults: an offline deployment gets working pages, and no page of ours
+    loads third-party code."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+
+    assert app.openapi_url is not None
+    title = app.title
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{title} - Swagger UI",
+                                   swagger_js_url="/assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/assets/swagger-ui.css", swagger_favicon_url="/assets/favicon.svg",
+                                   oauth2_redirect_url="/docs/oauth2-redirect",
+                                   swagger_ui_parameters={"validatorUrl": None})  # no call to validator.swagger.io
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url=app.openapi_url, title=f"{title} - ReDoc",
+                              redoc_js_url="/assets/redoc.standalone.js", redoc_favicon_url="/assets/favicon.svg",
+                              with_google_fonts=False)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(
         title="Draftsmith API",
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # served by _serve_docs_locally
+        redoc_url=None,
         dependencies=[Depends(refuse_control_characters)],
         # One schema per model: JobSpec is both the request body and part of the Job response.
         separate_input_output_schemas=False,
@@ -132,17 +163,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSON_BODY_LIMIT
 
     app.state.metrics = ApiMetrics(lambda: services_for(app))
-    # Outermost last. JSON bodies are received whole (JsonBodyMiddleware, within the size limit) before a
-    # request is admitted, so a client trickling its body in holds neither a slot nor a connection.
+    app.state.admission = AdmissionState()
+    app.state.metrics.registry.register(AdmissionCollector(app.state.admission))
+    # Outermost last. Admission checks the key, then receives the body whole (within the size limit and the
+    # body deadline), then waits for a slot: a client trickling its body in, or without a key, holds no slot.
     app.add_middleware(UnhandledErrorMiddleware)  # innermost: a 500 answered here keeps the connection
-    app.add_middleware(AdmissionControlMiddleware, settings_getter=lambda: services_for(app).settings)
-    app.add_middleware(JsonBodyMiddleware)
+    app.add_middleware(JsonBodyMiddleware)  # media type and JSON bounds of the body admission has received
+    app.add_middleware(AdmissionControlMiddleware, services_getter=lambda: services_for(app),
+                       state=app.state.admission)
     app.add_middleware(BodySizeLimitMiddleware, limit_for=body_limit)
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
     for router in (jobs.router, job_data.router, files.router, webhooks.router, secrets.router, audits.router,
                    drafters.router, usage.router, health.router):
         app.include_router(router)
     app.include_router(dashboard_router)  # the web dashboard at / (not part of the OpenAPI document)
+    _serve_docs_locally(app)
     _document_problems(app)
     return app
 

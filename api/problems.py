@@ -7,6 +7,7 @@ handlers here turn them, FastAPI's validation errors and any unexpected exceptio
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 from typing import Any
@@ -105,6 +106,20 @@ class PayloadTooLarge(ProblemError):
 
 class ServiceUnavailable(ProblemError):
     status, slug, title = 503, "service-unavailable", "Service unavailable"
+
+
+async def send_problem(scope: Scope, send: Send, status: int, slug: str, title: str, detail: str, *,
+                       headers: dict[str, str] | None = None, errors: list[dict[str, str]] | None = None) -> None:
+    """Answer with a problem body straight from ASGI middleware (before routing: no Request, no handlers)."""
+    problem: dict[str, Any] = {"type": PROBLEM_TYPE_BASE + slug, "title": title, "status": status, "detail": detail,
+                               "instance": scope["path"]}
+    if errors:
+        problem["errors"] = errors
+    body = json.dumps(problem).encode()
+    raw_headers = [(b"content-type", PROBLEM_MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())]
+    raw_headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def problem_response(

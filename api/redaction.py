@@ -5,8 +5,8 @@ What could leak, and where it is stopped:
   `hide_parameters=True` (api/db.py), so exception messages carry none;
 - an `api_key=`/`token=`/`signature=`... query parameter in the access log, or credentials in a URL
   (`redis://:password@host`): `redact_url` / `redact_text` replace them with `[redacted]`;
-- anything shaped like one of our secrets (`dsk_...` API keys, `whsec_...` signing secrets) or an
-  `Authorization` value, wherever it turns up in a log message: `install_log_redaction` rewrites every
+- anything shaped like one of our secrets (`dsk_...` API keys, `whsec_...` signing secrets, the token of a
+  `/dashboard/downloads/<token>` link) or an `Authorization` value, wherever it turns up in a log message: `install_log_redaction` rewrites every
   record of the process as it is created (the API installs it in `create_app`; the worker can too).
 """
 
@@ -27,6 +27,9 @@ _SECRET_TEXT_RES = (
     re.compile(r"\bwhsec_[A-Za-z0-9+/=]{8,}"),
     re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{8,}"),
     re.compile(r"(?i)(?<=://)[^/\s:@]*:[^/\s@]+(?=@)"),  # scheme://user:password@host
+    # A dashboard download link is a bearer credential for its artifact until it expires (the access log
+    # writes request paths; issue 20).
+    re.compile(r"(?<=/dashboard/downloads/)[^\s/?#\"']+"),
 )
 _QUERY_PAIR_RE = re.compile(r"(?P<key>[^?&=\s\"']+)=(?P<value>[^&\s\"']*)")
 

@@ -238,6 +238,27 @@ class HealthOut(BaseModel):
     status: Literal["ok"]
 
 
+class SlowClientOut(BaseModel):
+    client: str
+    body_timeouts: int
+
+
+class CapacityOut(BaseModel):
+    """This API process's admission control (api/admission.py): how busy it is, and who has been refused."""
+
+    slots: int = Field(description="Requests this process handles at once (2 x DRAFTSMITH_API_WORKER_THREADS).")
+    in_progress: int
+    waiting: int = Field(description="Admitted requests (key checked, body received) waiting for a slot.")
+    saturated: bool = Field(description="Every slot is taken: new requests wait, and are refused 503 after "
+                            "DRAFTSMITH_API_QUEUE_TIMEOUT_SECONDS.")
+    refused_total: int = Field(description="Requests answered 503 because no slot came free in time.")
+    unauthenticated_total: int = Field(description="Requests refused 401 before they could wait for a slot.")
+    body_timeouts_total: int = Field(description="Bodies that did not arrive within DRAFTSMITH_API_BODY_TIMEOUT_"
+                                     "SECONDS (408).")
+    slow_clients: list[SlowClientOut] = Field(description="The clients with the most body timeouts.")
+
+
 class ReadinessOut(BaseModel):
     status: Literal["ready"]
     checks: dict[str, str]
+    capacity: CapacityOut | None = None

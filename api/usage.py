@@ -40,14 +40,22 @@ def period_bounds(now: datetime | None = None) -> tuple[str, datetime, datetime]
     return f"{now.year:04d}-{now.month:02d}", start, end
 
 
+FIRST_PERIOD, LAST_PERIOD = "1970-01", "9999-11"
+"""The months /v1/usage answers for: 9999-12 would end in year 10000, which no datetime (or column) holds."""
+
+
 def parse_period(period: str) -> tuple[str, datetime, datetime]:
+    from api.problems import FieldError, InvalidRequest
+
     try:
         when = datetime.strptime(period, "%Y-%m").replace(tzinfo=UTC)
     except ValueError:
-        from api.problems import FieldError, InvalidRequest
-
         raise InvalidRequest(f"period {period!r} must be a month as YYYY-MM, e.g. 2026-12",
                              errors=[FieldError(field="period", message="expected YYYY-MM")]) from None
+    name = f"{when.year:04d}-{when.month:02d}"
+    if not FIRST_PERIOD <= name <= LAST_PERIOD:
+        message = f"must be a month from {FIRST_PERIOD} to {LAST_PERIOD}"
+        raise InvalidRequest(f"period {period!r} {message}", errors=[FieldError(field="period", message=message)])
     return period_bounds(when)
 
 

@@ -21,6 +21,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import time
 
 from fastapi import APIRouter
@@ -38,6 +39,7 @@ from api.settings import Settings
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 LINK_TTL_SECONDS = 120
 INLINE_MAX_BYTES = 8 << 20  # a report or model card is a few KB; anything larger is a download
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{1,2048}\.[A-Za-z0-9_-]{43}")  # claims . HMAC-SHA256, base64url unpadded
 _PURPOSE = b"draftsmith-dashboard-download-v1"  # a key of its own, derived from the deployment secret
 
 
@@ -75,6 +77,8 @@ def sign_download(settings: Settings, *, key_id: str, job_id: str, name: str, no
 def verify_download(settings: Settings, token: str, *, now: float | None = None) -> dict:
     """The token's claims, or NotFound: a forged, altered or expired link looks like no link."""
     invalid = NotFound("this download link is invalid or has expired; press Download again")
+    if not _TOKEN_RE.fullmatch(token):  # ours are base64url.base64url; anything else (`é.é`) is no link either
+        raise invalid
     payload, _, signature = token.partition(".")
     expected = _b64(hmac.new(_signing_key(settings), payload.encode(), hashlib.sha256).digest())
     if not signature or not hmac.compare_digest(signature, expected):
@@ -83,7 +87,8 @@ def verify_download(settings: Settings, token: str, *, now: float | None = None)
         claims = json.loads(_unb64(payload))
     except ValueError:
         raise invalid from None
-    if not isinstance(claims, dict) or not isinstance(claims.get("e"), int) or claims["e"] < (now or time.time()):
+    if not isinstance(claims, dict) or not isinstance(claims.get("e"), int) or claims["e"] < (now or time.time()) \
+            or not all(isinstance(claims.get(name), str) for name in ("k", "j", "n")):
         raise invalid
     return claims
 

@@ -1,21 +1,24 @@
-"""/healthz (process alive), /readyz (database reachable and migrated, broker reachable), /metrics."""
+"""/healthz (process alive), /readyz (database reachable and migrated, broker reachable; this process's capacity:
+slots in use, requests waiting, refusals, slow clients), /metrics."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import anyio
+import anyio.to_thread
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.concurrency import run_in_threadpool
 
 from api.db import check_schema_is_current
 from api.db import ping as ping_database
 from api.deps import services_for
 from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE, problem_responses
 from api.redaction import redact_text
-from api.schemas import HealthOut, ReadinessOut
+from api.schemas import CapacityOut, HealthOut, ReadinessOut
 
 router = APIRouter(tags=["health"])
 CHECK_TIMEOUT_SECONDS = 5.0
@@ -26,9 +29,16 @@ def healthz() -> HealthOut:
     return HealthOut(status="ok")
 
 
+_check_threads: anyio.CapacityLimiter | None = None
+
+
 async def _check(name: str, func: Any) -> tuple[str, str]:
+    # Threads of their own: readiness answers while every worker thread is busy (it reports saturation).
+    global _check_threads
+    if _check_threads is None:
+        _check_threads = anyio.CapacityLimiter(3)
     try:
-        await asyncio.wait_for(run_in_threadpool(func), timeout=CHECK_TIMEOUT_SECONDS)
+        await asyncio.wait_for(anyio.to_thread.run_sync(func, limiter=_check_threads), timeout=CHECK_TIMEOUT_SECONDS)
     except TimeoutError:
         return name, f"timeout after {CHECK_TIMEOUT_SECONDS:g}s"
     except Exception as exc:  # any failure means "not ready"; say which and why
@@ -52,12 +62,15 @@ async def readyz(request: Request) -> Any:
         else asyncio.sleep(0, result=("broker", "disabled"))
     )
     checks = dict(await asyncio.gather(database, schema, broker))
+    admission = getattr(request.app.state, "admission", None)
+    capacity = CapacityOut.model_validate(admission.report()) if admission is not None else None
     if all(value in ("ok", "disabled") for value in checks.values()):
-        return ReadinessOut(status="ready", checks=checks)
+        return ReadinessOut(status="ready", checks=checks, capacity=capacity)
     failing = ", ".join(f"{name} ({value})" for name, value in checks.items() if value not in ("ok", "disabled"))
     return JSONResponse(
         {"type": PROBLEM_TYPE_BASE + "not-ready", "title": "Not ready", "status": 503,
-         "detail": f"unreachable: {failing}", "instance": request.url.path, "checks": checks},
+         "detail": f"unreachable: {failing}", "instance": request.url.path, "checks": checks,
+         "capacity": capacity.model_dump() if capacity else None},
         status_code=503, media_type=PROBLEM_MEDIA_TYPE,
     )
 

@@ -70,7 +70,18 @@ def list_events(
     job = get_job_for_org(session, principal.org_id, job_id)
     resume_from = _parse_last_event_id(last_event_id)
     cursor = resume_from if resume_from is not None else after
-    if "text/event-stream" in request.headers.get("accept", ""):
+    streaming = "text/event-stream" in request.headers.get("accept", "")
+    if cursor > job.event_seq:
+        # Beyond the job's latest event: no id a client can have received. A page is just empty (a poller
+        # keeps its cursor); a stream would wait for ids that never come (issue 20), so it is refused, naming
+        # the cursor. (The query never sees such a value: event ids are 32-bit in the database.)
+        if not streaming:
+            return EventList(data=[], has_more=False, next_cursor=None, job_status=job.status)
+        field = "Last-Event-ID" if resume_from is not None else "after"
+        message = (f"{cursor} is beyond this job's latest event ({job.event_seq}); resume from an event id you "
+                   "received, or 0 for the whole log")
+        raise InvalidRequest(f"{field}: {message}", errors=[FieldError(field=field, message=message)])
+    if streaming:
         if JobStatus(job.status) in TERMINAL_STATUSES and not events_after(session, job.id, cursor, 1):
             return Response(status_code=204)
         start_seq = job.event_seq

@@ -102,17 +102,26 @@ def test_many_concurrent_readers_never_exhaust_the_pool(database_url, tmp_path):
         assert asyncio.run(burst(base)) == [200] * 100
 
 
-def test_overload_is_answered_503_with_retry_after(database_url, tmp_path):
+def test_overload_is_answered_503_with_retry_after(database_url, tmp_path, monkeypatch):
+    import api.routes.files as files
+
     harness, app = serve(database_url, tmp_path, api_worker_threads=1, api_queue_timeout_seconds=0.3)
     org = harness.new_org()
+    validate = files.validate_prompt_bytes
+
+    def slow_validation(data: bytes):  # noqa: ANN202 - server work that takes a while (a big file)
+        time.sleep(2.0)
+        return validate(data)
+
+    monkeypatch.setattr(files, "validate_prompt_bytes", slow_validation)
 
     async def scenario(base: str) -> tuple[httpx.Response, float, list[int], int]:
         async with httpx.AsyncClient(base_url=base, headers=org.headers, timeout=60) as client:
-            # Two slots (2 per thread), both taken by file uploads that trickle in for 3 s. (A JSON body is
-            # received whole before admission; a multipart upload streams to the route, holding its slot.)
+            # Two slots (2 per thread), both held by uploads the server is busy validating. (A body that is
+            # still arriving holds none: admission receives it first; test_slow_bodies_... below.)
             body = multipart_file(b'{"prompt": "slow"}\n' * 4)
             uploads = [asyncio.create_task(client.post(
-                "/v1/files", content=slow_body(3.0, body),
+                "/v1/files", content=body,
                 headers={"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"})) for _ in range(2)]
             await asyncio.sleep(0.5)
             started = time.monotonic()
@@ -126,10 +135,12 @@ def test_overload_is_answered_503_with_retry_after(database_url, tmp_path):
         refused, waited, done, alive = asyncio.run(scenario(base))
         with httpx.Client(base_url=base, headers=org.headers) as client:
             assert client.get("/v1/jobs").status_code == 200  # capacity is back
+            capacity = client.get("/readyz").json()["capacity"]
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
     assert refused.json()["type"].endswith("service-unavailable")
     assert waited < 10  # answered after the queue timeout, not after the uploads
     assert done == [201, 201] and alive == 200
+    assert capacity["slots"] == 2 and capacity["refused_total"] >= 1 and not capacity["saturated"]
 
 
 def test_streams_on_one_job_share_one_poller(database_url, tmp_path, monkeypatch):
