@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
+
+from heldout import append_result, git_revision, heldout_references, load_results, paired_delta, score_drafter, \
+    uptime_load
 
 BF16 = {"bf16_matmuls": True}
 ROWS: dict[str, tuple[str, dict, dict]] = {
@@ -57,19 +58,12 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
     "dflash-1.125x": ("DFlash (v1) at 1.125x the steps (less than DFlash 2's compute)",
                       {"variant": "dflash"}, BF16 | {"steps_factor": 1.125}),
     "steps1.5x": ("1.5x the steps: bf16 at the float32 baseline's CPU time", {}, BF16 | {"steps_factor": 1.5}),
+    # Issue 18's levers, each against `bf16` at the same steps (and, where the step cost differs, at equal CPU).
+    "vocab-ce": ("cross-entropy over the 8,192-token draft vocabulary only (EAGLE-3), same steps", {},
+                 BF16 | {"train_on_draft_vocab": True}),
+    "auf": ("Spec-AUF: a block's CE stops after its first wrong prediction", {}, BF16 | {"first_failure_only": True}),
+    "init-target": ("drafter layers initialised from the target's last layers", {}, BF16 | {"init": "target"}),
 }
-
-
-def uptime_load() -> float:
-    return os.getloadavg()[0]
-
-
-def git_revision() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 def parse_overrides(text: str) -> dict:
@@ -89,7 +83,7 @@ def run_row(name: str, drafter_overrides: dict, train_overrides: dict, args, tar
     from trainer.drafter.config import DrafterConfig
     from trainer.training.config import TrainConfig
     from trainer.training.loop import Trainer
-    from trainer.validation.replay import bootstrap_interval, replay_acceptance
+    from trainer.validation.replay import replay_acceptance
 
     drafter_overrides = dict(drafter_overrides)
     variant = drafter_overrides.pop("variant", "dflash2")
@@ -108,43 +102,33 @@ def run_row(name: str, drafter_overrides: dict, train_overrides: dict, args, tar
     cpu, wall = time.process_time() - cpu_before, time.perf_counter() - wall_before
     drafter = load_drafter(out_dir / "drafter")
     references = references()
-    result = replay_acceptance(target, drafter, references)
-    overall = result.stats.overall
     row = {
         "row": name, "description": ROWS.get(name, ("ad hoc",))[0], "drafter": drafter_overrides | {
             "variant": variant, "num_layers": num_layers, "taps": taps}, "train": train,
-        "tau": round(result.tau, 4), "tau_ci95": [round(v, 4) for v in bootstrap_interval(result.per_prompt)],
-        "per_position": [round(a or 0.0, 4) for a in overall.per_position],
-        "oracle_tau": round(overall.oracle_tau or 0.0, 4),
-        "by_category": result.stats.acceptance_by_category(), "per_prompt": result.per_prompt,
+        **score_drafter(target, drafter, references),
         "train_tau_estimate": records[-1]["train_tau_estimate"], "final_loss": records[-1]["loss"],
         "steps": records[-1]["step"], "train_cpu_s": round(cpu, 1), "train_wall_s": round(wall, 1),
         "cpu_s_per_step": round(cpu / max(1, len(records)), 3), "threads": torch.get_num_threads(),
-        "load_before": round(load_before, 2), "load_after": round(uptime_load(), 2),
-        "prompts": len(references), "git": git_revision(),
+        "load_before": round(load_before, 2), "load_after": round(uptime_load(), 2), "git": git_revision(),
     }
     if drafter.candidate_selector is not None and args.argmax:
         # The same drafter without its selector walk: plain argmax of its logits at every position.
         selector, drafter.candidate_selector = drafter.candidate_selector, None
         row["tau_argmax"] = round(replay_acceptance(target, drafter, references).tau, 4)
         drafter.candidate_selector = selector
+    if args.sampled_prompts:  # tau under speculative sampling at T=1, same prompts and seeds for every row
+        from sampled_tau import sampled_tau
+
+        from schemas import recipe
+        from trainer.data.prompts import load_prompts, split_prompts
+
+        holdout = split_prompts(load_prompts(), recipe.HOLDOUT_SHARE)[1]
+        sampled = sampled_tau(target, drafter, holdout[:args.sampled_prompts])
+        row.update(tau_t1=sampled["tau"], tau_t1_per_prompt=sampled["per_prompt"])
     return row
 
 
-def load_results(work: Path) -> dict[str, dict]:
-    path = work / "results.jsonl"
-    rows = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                rows[row["row"]] = row
-    return rows
-
-
 def print_table(work: Path, baseline: str = "baseline") -> str:
-    from trainer.validation.replay import bootstrap_interval
-
     rows = load_results(work)
     lines = ["| row | what changes | held-out tau [95% CI] | delta [paired 95% CI] | per-position "
              "acceptance | argmax tau | oracle tau | train-set tau | steps | CPU s/step | load |",
@@ -156,9 +140,9 @@ def print_table(work: Path, baseline: str = "baseline") -> str:
         reference = row.get("reference") or ("bf16" if row["train"].get("bf16_matmuls") and name != "bf16"
                                              else baseline)
         base = rows.get(reference)
-        if base is not None and name != reference and len(base["per_prompt"]) == len(row["per_prompt"]):
-            low, high = bootstrap_interval(row["per_prompt"], base["per_prompt"])
-            delta = f"{row['tau'] - base['tau']:+.3f} [{low:+.3f}, {high:+.3f}] vs {reference}"
+        delta_ci = paired_delta(row, base) if base is not None and name != reference else None
+        if delta_ci is not None:
+            delta = f"{delta_ci[0]:+.3f} [{delta_ci[1]:+.3f}, {delta_ci[2]:+.3f}] vs {reference}"
         positions = ", ".join(f"{a:.2f}" for a in row["per_position"][:4])
         lines.append(f"| {name} | {row['description']} | {row['tau']:.3f} [{row['tau_ci95'][0]:.3f}, "
                      f"{row['tau_ci95'][1]:.3f}] | {delta} | {positions} | {row.get('tau_argmax', '')} | "
@@ -181,6 +165,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eval-max-new-tokens", type=int, default=None)
     parser.add_argument("--table", action="store_true", help="Only print the table of the rows run so far.")
+    parser.add_argument("--sampled-prompts", type=int, default=0,
+                        help="Also measure tau under speculative sampling at T=1 on this many held-out prompts.")
     parser.add_argument("--argmax", action="store_true", help="Also measure each DFlash 2 drafter without its "
                                                                 "selector walk (plain argmax).")
     args = parser.parse_args()
@@ -192,35 +178,20 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from schemas import recipe
-    from schemas.sampling import SamplingParams
-    from trainer.data.prompts import load_prompts, split_prompts
     from trainer.data.store import DataStore
     from trainer.targets import load_target
     from trainer.targets.bundled import resolve_target_path
     from trainer.targets.chat import choose_mask_token_id
-    from trainer.validation import VALIDATION_MAX_NEW_TOKENS
-    from trainer.validation.replay import greedy_references, load_references, save_references
 
     args.steps = args.steps or recipe.TRAIN_STEPS
     args.block_size = args.block_size or recipe.BLOCK_SIZE
     target = load_target(resolve_target_path(args.target))
     store = DataStore.open(args.data)
-    _, holdout = split_prompts(load_prompts(), recipe.HOLDOUT_SHARE)
-    assert not set(p.id for p in holdout) & set(store.meta["prompt_ids"]), "held-out prompts in the training data"
-    references_dir = args.work / "references"
 
     def references():
-        """The target's greedy output on every held-out prompt, decoded once and shared by every row (and
-        by concurrent study processes on the same --work)."""
-        if not (references_dir / "references.json").is_file():
-            started = time.perf_counter()
-            decoded = greedy_references(target, holdout, SamplingParams(),
-                                        args.eval_max_new_tokens or VALIDATION_MAX_NEW_TOKENS,
-                                        store.meta["tap_layer_ids"])
-            save_references(decoded, references_dir)
-            print(f"references: {len(decoded)} held-out prompts decoded in {time.perf_counter() - started:.0f} s",
-                  flush=True)
-        return load_references(references_dir)
+        """Decoded after the first row trains, so a study starts training at once."""
+        return heldout_references(target, args.work / "references", store.meta["tap_layer_ids"],
+                                  store.meta["prompt_ids"], args.eval_max_new_tokens)
 
     mask_token_id, _ = choose_mask_token_id(target.tokenizer, target.vocab_size)
     todo = [(name, *ROWS[name][1:]) for name in filter(None, args.rows.split(","))]
@@ -229,9 +200,7 @@ def main() -> None:
         todo.append((name, parse_overrides(drafter_part), parse_overrides(train_part)))
     for name, drafter_overrides, train_overrides in todo:
         row = run_row(name, drafter_overrides, train_overrides, args, target, store, references, mask_token_id)
-        args.work.mkdir(parents=True, exist_ok=True)
-        with (args.work / "results.jsonl").open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_result(args.work, row)
         print(f"{name}: tau {row['tau']} {row['tau_ci95']} per-position {row['per_position'][:4]} "
               f"argmax {row.get('tau_argmax')} cpu/step {row['cpu_s_per_step']}", flush=True)
     print_table(args.work)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# SpecForge 0.2.0 (the open-source DFlash trainer) in its own venv, for bench/peers.py only: a bench
+# dependency, never a runtime one (nothing under trainer/, api/ or worker/ imports it; `make run` never needs it).
+#
+#   bash bench/setup/specforge.sh [VENV]        # default VENV: .engines/specforge (ignored by git)
+#
+# torch 2.13.0 (CPU) goes first: specforge's own requirements name CUDA builds (and sglang), so it is installed
+# --no-deps with only what its DFlash offline trainer and `specforge export` import, at versions that work.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+VENV=${1:-.engines/specforge}
+PY=${PY:-python3.11}
+if [ -f "$VENV/.installed" ]; then
+    echo "SpecForge venv ready: $VENV"; exit 0
+fi
+test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip
+"$VENV/bin/pip" install -q torch==2.13.0
+"$VENV/bin/pip" install -q --no-deps specforge==0.2.0
+"$VENV/bin/pip" install -q transformers==5.24.0 accelerate==1.15.0 pydantic==2.14.4 pyyaml==6.0.4 \
+    safetensors==0.8.0 numpy==2.4.6 tqdm==4.70.1 psutil==7.2.2 huggingface-hub==2.4.0 requests==2.34.2 \
+    pyarrow==26.0.1
+"$VENV/bin/python" -c "import specforge, torch; print('specforge', specforge.__version__ if hasattr(specforge, '__version__') else '0.2.0', 'torch', torch.__version__)"
+touch "$VENV/.installed"
