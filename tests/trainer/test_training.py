@@ -3,6 +3,7 @@ ZeRO-2/ZeRO-3 runs on CPU produce a drafter the reference `dflash` package loads
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -161,12 +162,14 @@ def test_two_process_zero_runs_export_to_the_reference_format(tiny_target, tiny_
                                                               reference_dflash):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                              "MASTER_PORT")}
+    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "extensions")  # nothing may be compiled at first training
     command = [sys.executable, "-m", "draftsmith.cli", "train", "--target", str(tiny_target.path),
                "--data", str(tiny_data.root), "--out", str(tmp_path), "--num-layers", "1", "--block-size", "4",
                "--steps", "3", "--batch-size", "2", "--anchors", "4", "--zero-stage", zero_stage, "--nproc", "2",
                "--mask-token-id", "7"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert not (tmp_path / "extensions").exists(), "DeepSpeed compiled an op at training time"
     checkpoint = tmp_path / "checkpoints" / "step-000003"
     assert (checkpoint / "zero_pp_rank_1_mp_rank_00_optim_states.pt").is_file()  # sharded across both ranks
     drafter = load_drafter(tmp_path / "drafter")
@@ -176,3 +179,75 @@ def test_two_process_zero_runs_export_to_the_reference_format(tiny_target, tiny_
     prompt = [12, 40, 41, 42]
     out = reference_dflash.dflash_generate(reference, tiny_target.model, torch.tensor([prompt]), 8, None)
     assert out.shape[1] == len(prompt) + 8
+
+
+def objective_for(target, draft_ids=None, first_failure_only=False):
+    from trainer.drafter.model import Drafter
+    from trainer.training.objective import DistillationObjective, FrozenTargetParts
+
+    torch.manual_seed(0)
+    drafter = Drafter(drafter_config(target))
+    frozen = FrozenTargetParts(target.embedding_weight, target.lm_head.weight)
+    return DistillationObjective(drafter, frozen, draft_ids=draft_ids, first_failure_only=first_failure_only)
+
+
+def tiny_batch(target, data):
+    from trainer.training.data import collate
+
+    input_ids, lengths, prompt_lens, context, _ = collate(data.examples()[:4], 3, None, [1, 2, 3])
+    return build_blocks(input_ids, lengths, prompt_lens, context, block_size=4, num_anchors=6, mask_token_id=7,
+                        decay_gamma=4.0, generator=torch.Generator().manual_seed(0))
+
+
+def test_draft_vocabulary_training_is_the_full_objective_over_fewer_columns(tiny_target, tiny_data):
+    """Over a draft vocabulary of every token the objective is the plain one, to rounding; over a smaller one,
+    positions whose gold token is outside it drop out of the cross-entropy and predictions stay inside it."""
+    batch = tiny_batch(tiny_target, tiny_data)
+    plain = objective_for(tiny_target)(batch)
+    every = objective_for(tiny_target, torch.arange(tiny_target.vocab_size))(batch)
+    torch.testing.assert_close(every["loss"], plain["loss"])
+    assert torch.equal(every["correct"], plain["correct"])
+
+    labels = batch.labels.reshape(-1)[batch.weights.view(-1) > 0]
+    common = torch.bincount(labels, minlength=tiny_target.vocab_size).argsort(descending=True)[:8].sort().values
+    small = objective_for(tiny_target, common)
+    out = small(batch)
+    assert torch.isfinite(out["loss"])
+    # Only the in-vocabulary positions carry the CE: the same loss as the plain objective on a batch whose
+    # out-of-vocabulary positions were given no weight.
+    outside = ~torch.isin(batch.labels, common)
+    masked = dataclasses.replace(batch, weights=batch.weights.masked_fill(outside, 0.0))
+    torch.testing.assert_close(out["ce"], objective_for(tiny_target, common)(masked)["ce"])
+    assert not torch.allclose(out["ce"], plain["ce"])
+
+
+def test_first_failure_weighting_stops_a_block_after_its_first_miss():
+    from trainer.training.objective import reached
+
+    weights = torch.tensor([[[0.0, 1.0, 0.8, 0.6, 0.4], [0.0, 1.0, 0.8, 0.0, 0.0]]])  # (b=1, N=2, B=5)
+    batch = dataclasses.replace(tiny_layout := build_blocks(
+        torch.arange(12)[None], torch.tensor([12]), torch.tensor([0]), torch.zeros(1, 12, 3), block_size=5,
+        num_anchors=2, mask_token_id=99, decay_gamma=4.0, generator=torch.Generator()), weights=weights)
+    assert tiny_layout.weights.shape == weights.shape
+    supervised = weights.view(-1) > 0
+    # Block 1: right, wrong, right, right -> positions 1 and 2 reached; block 2: wrong, right -> 1 only... and 2.
+    correct = torch.tensor([True, False, True, True, False, True])
+    assert reached(batch, supervised, correct).tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+
+
+def test_a_time_budget_ends_the_run_with_its_decay_done(tiny_target, tiny_data, tmp_path):
+    """Far more steps than the budget allows: training stops on the budget, at the schedule's floor. (A step
+    takes 0.5 s of the trainer's clock here, whatever the machine's load.)"""
+    cfg = TrainConfig(steps=100_000, batch_size=2, anchors_per_sequence=4, lr=3e-3, warmup_steps=2, min_lr_ratio=0.1,
+                      max_minutes=0.05, checkpoint_every=10**6)
+    records = []
+    trainer = Trainer(tiny_target, tiny_data, tmp_path, drafter_config(tiny_target), cfg, [records.append])
+    ticks = iter(range(10**6))
+    trainer.clock = lambda: next(ticks) * 0.25  # two readings per step
+    drafter_dir = trainer.run()
+    assert len(records) == 6  # 3 s of budget at 0.5 s a step
+    assert records[-1]["progress"] == 1.0 and records[-1]["budget_s"] == 3.0
+    rates = [r["lr"] for r in records[2:]]  # after the warm-up: down, all the way to the floor
+    assert rates == sorted(rates, reverse=True) and rates[-1] < 0.5 * 3e-3
+    assert trainer.schedule.factor(len(records)) == pytest.approx(0.1)
+    assert (drafter_dir / "model.safetensors").is_file()

@@ -69,11 +69,3 @@ def load_draft_vocab(drafter_dir: str | Path) -> torch.Tensor | None:
     if not torch.equal(tensors["t2d"].nonzero()[:, 0], ids):
         raise DrafterError(f"{path}: d2t and t2d disagree")
     return ids
-
-
-def write_draft_vocab(drafter_dir: str | Path, responses: list[list[int]], vocab_size: int, size: int,
-                      always: list[int] = ()) -> torch.Tensor:
-    """Rank the tokens of the regenerated `responses` and store the draft vocabulary next to the drafter."""
-    ids = frequency_ranked_vocab(responses, vocab_size, size, always)
-    save_draft_vocab(ids, vocab_size, drafter_dir)
-    return ids

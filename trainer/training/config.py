@@ -46,6 +46,12 @@ class TrainConfig:
     draft_vocab_size: int | None = recipe.DRAFT_VOCAB_SIZE
     """The trained drafter drafts among this many most frequent regenerated tokens (trainer/drafter/draft_vocab.py;
     engines without a draft vocabulary use the full head); None or >= the vocabulary: the full vocabulary."""
+    train_on_draft_vocab: bool = recipe.TRAIN_ON_DRAFT_VOCAB
+    """With a draft vocabulary: the cross-entropy runs over its logits only (the EAGLE-3 recipe), which cuts the
+    trainer's largest matmul by vocab / draft_vocab_size (trainer/training/objective.py)."""
+    first_failure_only: bool = False
+    """Spec-AUF: a block's positions after its first wrong prediction leave the cross-entropy (a verifier never
+    reaches them)."""
     supervised_positions: int | None = None
     """Train block positions 1..K only (None: all B-1). Later positions are reached so rarely that their
     LM-head compute is better spent on more anchors."""

@@ -32,6 +32,12 @@ def init_distributed() -> tuple[int, int, torch.device]:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
     cuda = torch.cuda.is_available()
+    if not cuda:
+        # DeepSpeed would JIT-compile its shared-memory all-reduce here (1-3 minutes on two cores, paid by the
+        # first training of every fresh install). gloo's own all-reduce serves a CPU world: a drafter's
+        # gradients are a few MB a step. Seeding the table also skips DeepSpeed's probe of every op (compiler
+        # runs): an op missing from it counts as unavailable, and none is needed with a torch optimizer.
+        deepspeed.ops.__dict__.setdefault("__compatible_ops__", {})["deepspeed_shm_comm"] = False
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -89,6 +95,11 @@ def _reduce(values: torch.Tensor, op) -> torch.Tensor:
 def any_rank(flag: bool) -> bool:
     """True if any rank says True (e.g. 'out of time'), so every rank stops at the same step."""
     return bool(_reduce(torch.tensor([float(flag)]), dist.ReduceOp.MAX).item())
+
+
+def maximum(value: float) -> float:
+    """The largest of every rank's value (e.g. the slowest rank's clock)."""
+    return float(_reduce(torch.tensor([float(value)]), dist.ReduceOp.MAX).item())
 
 
 def average(values: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,6 @@ resume bit for bit, and the trained drafter written in the reference format at t
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from collections.abc import Callable
@@ -14,7 +13,7 @@ import torch
 
 from trainer.data.store import DataStore
 from trainer.drafter.checkpoint import save_drafter
-from trainer.drafter.draft_vocab import write_draft_vocab
+from trainer.drafter.draft_vocab import frequency_ranked_vocab, save_draft_vocab
 from trainer.drafter.config import DrafterConfig
 from trainer.drafter.model import Drafter
 from trainer.errors import DraftsmithError, StageInterrupted
@@ -25,18 +24,9 @@ from trainer.training.config import TrainConfig
 from trainer.training.data import ExampleOrder, collate
 from trainer.training.init import initial_drafter
 from trainer.training.objective import DistillationObjective, FrozenTargetParts, block_metrics
+from trainer.training.schedule import BudgetSchedule
 
 StepCallback = Callable[[dict], None]
-
-
-def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / (cfg.warmup_steps + 1)
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def make_optimizer(drafter: Drafter, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -71,6 +61,8 @@ class Trainer:
         self.should_stop = should_stop or (lambda: False)
         self.on_saved = on_saved or (lambda path: None)
         self.gamma = cfg.loss_decay_gamma or default_decay_gamma(drafter_config.block_size)
+        self.clock = time.perf_counter
+        """Training time (seconds); what the time budget counts."""
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -87,16 +79,21 @@ class Trainer:
         drafter = initial_drafter(self.drafter_config, target, examples, cfg.init, cfg.seed)
         self.drafter_config = drafter.config
         vocab_size = self.drafter_config.draft_vocab_size or cfg.draft_vocab_size
-        if vocab_size and vocab_size < self.drafter_config.vocab_size:  # ranked and written at export
+        self.draft_ids = None
+        if vocab_size and vocab_size < self.drafter_config.vocab_size:  # ranked now, written at export
             self.drafter_config = self.drafter_config.replace(draft_vocab_size=vocab_size)
+            self.draft_ids = frequency_ranked_vocab(self.responses, self.drafter_config.vocab_size, vocab_size,
+                                                    target.stop_token_ids())
         drafter = drafter.to(device=device, dtype=target.dtype)
         frozen = FrozenTargetParts(target.embedding_weight.to(device), target.lm_head.weight.to(device))
         drafter.context_noise = cfg.context_noise
-        objective = DistillationObjective(drafter, frozen, cfg.selector_loss_weight, cfg.kl_weight,
-                                          cfg.hidden_loss_weight, cfg.bf16_matmuls)
+        objective = DistillationObjective(
+            drafter, frozen, cfg.selector_loss_weight, cfg.kl_weight, cfg.hidden_loss_weight, cfg.bf16_matmuls,
+            draft_ids=self.draft_ids if cfg.train_on_draft_vocab else None, first_failure_only=cfg.first_failure_only)
         uses_teacher = bool(cfg.kl_weight or cfg.hidden_loss_weight)
         optimizer = make_optimizer(drafter, cfg)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+        self.schedule = BudgetSchedule(cfg)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule.factor)
         engine = distributed.wrap(objective, optimizer, scheduler, distributed.deepspeed_config(
             cfg.zero_stage, cfg.batch_size, cfg.grad_accum, cfg.grad_clip, bf16=target.dtype == torch.bfloat16))
 
@@ -107,9 +104,10 @@ class Trainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             _truncate_metrics(metrics_file, start_step)
         pad_id = target.tokenizer.pad_token_id or 0
-        started, step = time.perf_counter(), start_step
+        clock = self.clock
+        started, step = clock() - self.schedule.spent_s, start_step
         for step in range(start_step, cfg.steps):
-            step_started = time.perf_counter()
+            step_started = clock()
             totals = torch.zeros(4)  # loss, ce, selector_ce, topk_recall
             positions, per_position, tau = 0, [], []
             for micro in range(cfg.grad_accum):
@@ -131,15 +129,21 @@ class Trainer:
                 per_position.append(metrics["accuracy_per_position"])
                 tau.append(metrics["train_tau_estimate"])
             averaged = distributed.average(torch.cat([totals, torch.tensor([positions * world, sum(tau) / len(tau)])]))
-            seconds = time.perf_counter() - step_started
+            now = clock()
+            seconds = now - step_started
             record = {
                 "step": step + 1, "loss": round(float(averaged[0]), 5), "ce": round(float(averaged[1]), 5),
                 "lr": scheduler.get_last_lr()[0], "grad_norm": _grad_norm(engine),
                 "accuracy_per_position": [round(sum(v) / len(v), 4) for v in zip(*per_position, strict=True)],
                 "train_tau_estimate": round(float(averaged[5]), 4),
                 "tokens_per_s": round(float(averaged[4]) / seconds, 1), "epoch": round(order.epochs_at(step + 1), 3),
-                "elapsed_s": round(time.perf_counter() - started, 1),
+                "elapsed_s": round(now - started, 1),
             }
+            # The slowest rank's clock, so every rank plans (and stops) alike.
+            done = self.schedule.after_step(step + 1, distributed.maximum(now - started))
+            record["progress"] = round(self.schedule.progress(step + 1), 4)
+            if self.schedule.budget_s is not None:
+                record["budget_s"] = self.schedule.budget_s
             if self.drafter_config.variant == "dflash2":
                 record.update(selector_ce=round(float(averaged[2]), 5), topk_recall=round(float(averaged[3]), 4))
             if rank == 0:
@@ -147,15 +151,13 @@ class Trainer:
                     handle.write(json.dumps(record) + "\n")
                 for callback in self.callbacks:
                     callback(record)
-            out_of_time = cfg.max_minutes is not None and time.perf_counter() - started > cfg.max_minutes * 60
-            stop = distributed.any_rank(out_of_time)
             interrupted = distributed.any_rank(self.should_stop())
-            if (step + 1) % cfg.checkpoint_every == 0 or stop or interrupted or step + 1 == cfg.steps:
+            if (step + 1) % cfg.checkpoint_every == 0 or done or interrupted:
                 self._save_checkpoint(engine, step + 1)
             if interrupted:
                 raise StageInterrupted(f"training stopped on request at step {step + 1}; a checkpoint was written "
                                        "and the stage resumes from it")
-            if stop:
+            if done:
                 break
         return self._export(engine, rank)
 
@@ -164,11 +166,13 @@ class Trainer:
         if not latest.is_file():
             return 0
         _, client_state = engine.load_checkpoint(str(self.checkpoint_dir), tag=latest.read_text().strip())
+        self.schedule.load_state(client_state.get("schedule", {}))
         return int(client_state["step"])
 
     def _save_checkpoint(self, engine, step: int) -> None:
         tag = f"step-{step:06d}"
-        engine.save_checkpoint(str(self.checkpoint_dir), tag=tag, client_state={"step": step})
+        engine.save_checkpoint(str(self.checkpoint_dir), tag=tag,
+                               client_state={"step": step, "schedule": self.schedule.state()})
         distributed.barrier()
         if self.rank == 0:
             for old in sorted(self.checkpoint_dir.glob("step-*"))[:-2]:  # keep the last two
@@ -182,10 +186,9 @@ class Trainer:
         if rank == 0:
             drafter = Drafter(self.drafter_config)
             drafter.load_state_dict({k.removeprefix("drafter."): v for k, v in state.items()})
-            if self.drafter_config.draft_vocab_size:  # before config.json, which names it
+            if self.draft_ids is not None:  # before config.json, which names it
                 drafter_dir.mkdir(parents=True, exist_ok=True)
-                write_draft_vocab(drafter_dir, self.responses, self.drafter_config.vocab_size,
-                                  self.drafter_config.draft_vocab_size, self.target.stop_token_ids())
+                save_draft_vocab(self.draft_ids, self.drafter_config.vocab_size, drafter_dir)
             save_drafter(drafter, drafter_dir)
             self.on_saved(drafter_dir)
         distributed.barrier()

@@ -11,6 +11,14 @@ Hidden regression (EAGLE's feature loss): the drafter's final hidden state at bl
 target's final hidden state where it predicted that token, squared error relative to the target's mean
 square, same weights. The LM head is linear, so matching it matches every logit at once.
 
+Draft vocabulary (`draft_ids`): a drafter that will draft among the N most frequent tokens only is trained
+over exactly those N logits (the EAGLE-3 recipe): the LM-head matmul, the trainer's largest cost by far on
+a CPU, shrinks by vocab/N. Positions whose gold token lies outside the draft vocabulary leave the CE term
+(the drafter can never propose it) but still count as misses in the metrics, as they do when decoding.
+
+Spec-AUF (`first_failure_only`): within each block, positions after the first one the drafter currently
+gets wrong leave the CE term: a verifier never reaches them, so their gradient only spends capacity.
+
 Selector CE (DFlash 2): a K-way cross-entropy over the top-K candidates of each position, scored from the
 gold predecessor (teacher forcing), with the same weights. Policy when the gold token is not among the
 top-K: the position is left out of the selector term (the walk could not have picked it whatever the
@@ -28,7 +36,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from kernels.linear_cross_entropy import linear_cross_entropy
+from kernels.linear_cross_entropy import row_cross_entropy
 from trainer.drafter.model import Drafter
 from trainer.training.blocks import BlockBatch
 
@@ -41,18 +49,28 @@ class FrozenTargetParts:
 
 class DistillationObjective(nn.Module):
     def __init__(self, drafter: Drafter, frozen: FrozenTargetParts, selector_loss_weight: float = 1.0,
-                 kl_weight: float = 0.0, hidden_loss_weight: float = 0.0, bf16_matmuls: bool = False):
+                 kl_weight: float = 0.0, hidden_loss_weight: float = 0.0, bf16_matmuls: bool = False,
+                 draft_ids: torch.Tensor | None = None, first_failure_only: bool = False):
         super().__init__()
         self.drafter = drafter
         self.frozen = frozen
         self.selector_loss_weight = selector_loss_weight
         self.kl_weight = kl_weight
         self.hidden_loss_weight = hidden_loss_weight
+        self.first_failure_only = first_failure_only
         # float32 weights on a CPU with bfloat16 matmul units: run the matmuls (the drafter's under autocast,
         # the LM head's from a bfloat16 copy) in bfloat16, ~2x faster; weights, optimizer, softmax and
         # losses stay float32.
         self.low_precision = bf16_matmuls and frozen.lm_head.dtype == torch.float32
-        self.low_head = frozen.lm_head.to(torch.bfloat16) if self.low_precision else None
+        self.draft_ids = draft_ids
+        head = frozen.lm_head.detach()  # a plain tensor, never a registered (or optimised) parameter
+        if draft_ids is not None:
+            head = head[draft_ids.to(head.device)]
+        self.ce_head = head.to(torch.bfloat16) if self.low_precision else head.contiguous()
+        self.to_draft = None  # target id -> draft id, -1 outside the draft vocabulary
+        if draft_ids is not None:
+            self.to_draft = torch.full((frozen.lm_head.shape[0],), -1, dtype=torch.long, device=head.device)
+            self.to_draft[draft_ids.to(head.device)] = torch.arange(len(draft_ids), device=head.device)
 
     def forward(self, batch: BlockBatch) -> dict[str, torch.Tensor]:
         device = self.frozen.lm_head.device.type
@@ -81,9 +99,24 @@ class DistillationObjective(nn.Module):
             soft = {"soft_ids": batch.soft_ids.flatten(0, 2)[supervised],
                     "soft_probs": torch.softmax(batch.soft_logits.flatten(0, 2)[supervised].float(), dim=-1),
                     "soft_weight": self.kl_weight}
-        head = frozen.lm_head if self.low_head is None else self.low_head
-        ce, predicted, candidates = linear_cross_entropy(hidden.to(head.dtype), head, labels, weights / weights.sum(),
-                                                         top_k=top_k, **soft)
+        if self.to_draft is not None:  # the CE runs over the draft vocabulary's columns
+            ce_labels = self.to_draft[labels]
+            weights = weights * (ce_labels >= 0)
+            ce_labels = ce_labels.clamp_min(0)
+            if soft:
+                soft_ids = self.to_draft[soft["soft_ids"]]
+                probs = soft["soft_probs"] * (soft_ids >= 0)
+                soft.update(soft_ids=soft_ids.clamp_min(0), soft_probs=probs / probs.sum(-1, keepdim=True).clamp_min(1e-9))
+        else:
+            ce_labels = labels
+        row_ce, predicted, candidates = row_cross_entropy(hidden.to(self.ce_head.dtype), self.ce_head, ce_labels,
+                                                          top_k=top_k, **soft)
+        if self.draft_ids is not None:  # back to target ids
+            predicted = self.draft_ids[predicted]
+            candidates = None if candidates is None else self.draft_ids[candidates]
+        if self.first_failure_only:
+            weights = weights * reached(batch, supervised, predicted == labels)
+        ce = (row_ce * weights).sum() / weights.sum().clamp_min(1e-9)
         out = {"ce": ce.detach(), "loss": ce}
         if self.hidden_loss_weight and batch.teacher_hidden is not None:
             goal = batch.teacher_hidden.flatten(0, 2)[supervised].float()
@@ -107,6 +140,16 @@ class DistillationObjective(nn.Module):
         out["correct"] = predicted == labels
         out["supervised"] = supervised
         return out
+
+
+def reached(batch: BlockBatch, supervised: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
+    """1 for each supervised position whose block predecessors (positions 1..k-1) are all predicted right."""
+    grid = torch.zeros(batch.weights.numel(), dtype=torch.bool, device=correct.device)
+    grid[supervised] = correct
+    grid = grid.view(batch.weights.shape)
+    before = torch.ones_like(grid)
+    before[..., 2:] = grid[..., 1:-1].int().cumprod(-1).bool()
+    return before.reshape(-1)[supervised].float()
 
 
 def block_metrics(batch: BlockBatch, out: dict[str, torch.Tensor]) -> dict[str, object]:
