@@ -36,6 +36,10 @@ class ApiError(Exception):
                          + (f" ({errors})" if errors and errors not in str(problem.get("detail")) else ""))
 
 
+class Unreachable(Exception):
+    """No answer from the server at all (refused, unresolvable, timed out): nothing was sent or changed."""
+
+
 class DownloadError(Exception):
     """A downloaded artifact does not match its recorded sha256 or the manifest."""
 
@@ -57,7 +61,11 @@ class Client:
         self.close()
 
     def _call(self, method: str, path: str, **kwargs) -> Any:
-        response = self.http.request(method, path, **kwargs)
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as error:
+            raise Unreachable(f"cannot reach the Draftsmith server at {self.url} ({error or type(error).__name__}); "
+                              "start one with `draftsmith serve`, or pass --url (env DRAFTSMITH_URL)") from None
         if response.status_code >= 400:
             try:
                 problem = response.json()

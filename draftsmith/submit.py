@@ -40,7 +40,7 @@ def _set_field(body: dict, assignment: str) -> None:
               help="After success, download every artifact here and verify it against the manifest (implies --wait).")
 def submit(url, api_key, target, spec_file, assignments, idempotency_key, wait, download_dir) -> None:
     """Submit a drafter-training job; with --wait, exit 0 only if it succeeds."""
-    from draftsmith.client import ApiError, Client, DownloadError
+    from draftsmith.client import ApiError, Client, DownloadError, Unreachable
 
     body = json.loads(spec_file.read_text()) if spec_file else {}
     if target:
@@ -64,7 +64,7 @@ def submit(url, api_key, target, spec_file, assignments, idempotency_key, wait, 
                 client.download(job["id"], download_dir)
                 click.echo(f"artifacts verified against manifest.json in {download_dir}", err=True)
             click.echo(job["id"])
-        except ApiError as error:
+        except (ApiError, Unreachable) as error:
             raise click.ClickException(str(error)) from None
         except DownloadError as error:
             raise click.ClickException(f"download failed verification: {error}") from None

@@ -119,8 +119,9 @@ def serve(host: str, port: int, data_dir: Path) -> None:
                                       preexec_fn=_die_with_parent)
     url = f"http://{host}:{port}"
     click.echo(f"Draftsmith is serving at {url}", err=True)
-    click.echo(f"API key (development): {settings.dev_api_key.get_secret_value()}", err=True)
-    click.echo(f"try: draftsmith submit --url {url} --target bundled:smollm2-135m --wait", err=True)
+    key = settings.dev_api_key.get_secret_value()
+    click.echo(f"API key (development): {key}", err=True)
+    click.echo(f"try: draftsmith submit --url {url} --api-key {key} --target bundled:smollm2-135m --wait", err=True)
     import uvicorn
 
     try:

@@ -41,6 +41,7 @@ def test_serve_runs_a_submitted_job_to_verified_artifacts(tmp_path, models):
     try:
         server.wait_ready(url)
         assert f"serving at {url}" in server.log() and f"API key (development): {KEY}" in server.log()
+        assert f"try: draftsmith submit --url {url} --api-key {KEY} --target" in server.log()  # works as printed
         spec = tmp_path / "job.json"
         spec.write_text(json.dumps(tiny_spec(f"file://{models}/bpe")))
         submit = subprocess.run(
@@ -64,3 +65,20 @@ def test_serve_runs_a_submitted_job_to_verified_artifacts(tmp_path, models):
     finally:
         server.stop()
     wait_until(lambda: not _worker_processes_of(data_dir), 30, "the worker to exit with serve")
+
+
+def test_submit_to_an_unreachable_server_says_so_in_one_line():
+    import socket
+
+    from click.testing import CliRunner
+
+    from draftsmith.submit import submit
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = CliRunner().invoke(submit, ["--url", f"http://127.0.0.1:{port}", "--api-key", "dsk_x",
+                                         "--target", "bundled:smollm2-135m"])
+    assert result.exit_code == 1
+    assert f"cannot reach the Draftsmith server at http://127.0.0.1:{port}" in result.output
+    assert "draftsmith serve" in result.output and "Traceback" not in result.output
