@@ -66,6 +66,9 @@ class RunConfig:
     validation_prompts: int = VALIDATION_PROMPTS
     validation_max_new_tokens: int = VALIDATION_MAX_NEW_TOKENS
     sampling_draws: int = SAMPLING_DRAWS
+    engines: tuple[str, ...] | None = None
+    """Serving engines validation also measures the drafter in (trainer/validation/engines.py: `llama.cpp`,
+    `vllm`); None: every one installed on this machine, () none. An engine that is not installed is skipped."""
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self), default=lambda o: o.model_dump(mode="json")))
@@ -73,10 +76,11 @@ class RunConfig:
     @classmethod
     def from_json(cls, data: dict) -> RunConfig:
         data = dict(data)
-        taps = data.get("target_layer_ids")
+        taps, engines = data.get("target_layer_ids"), data.get("engines")
         return cls(**{**data, "sampling": SamplingParams.model_validate(data["sampling"]),
                       "train": TrainConfig(**data["train"]),
-                      "target_layer_ids": tuple(taps) if taps is not None else None})
+                      "target_layer_ids": tuple(taps) if taps is not None else None,
+                      "engines": tuple(engines) if engines is not None else None})
 
 
 @dataclass(frozen=True)
@@ -274,6 +278,14 @@ class JobStages:
             report["warm_start"] = compare_with_parent(
                 self.target, self.config.train.parent_drafter, holdout[:self.config.validation_prompts],
                 self.config.sampling, max_new_tokens=self.config.validation_max_new_tokens, tau=report["tau"])
+        if report["passed"] and self.config.engines != ():  # engine figures only for a drafter that will ship
+            from trainer.validation.engines import engine_step
+
+            self.hooks.progress(Stage.VALIDATE, 0.97, "measuring the drafter in the serving engines")
+            report["engines"] = engine_step(self.target, self.layout.drafter, holdout[:self.config.validation_prompts],
+                                            self.config.sampling, work_dir=self.layout.report.parent / "engines",
+                                            engines=self.config.engines,
+                                            num_speculative_tokens=report["recommended_block_size"] - 1)
         atomic_write_json(self.layout.report, report)
         self.hooks.on_saved(self.layout.report)
         require_passed(report)  # a drafter that changes the output is never exported
@@ -351,8 +363,9 @@ class Run:
                 raise DraftsmithError(f"{self.layout.out} already holds a run; pass --resume to continue it or "
                                       "choose another --out")
             self.state = json.loads(state_file.read_text())
-            if self.state["config"] != settings:
-                changed = sorted(k for k in settings if settings[k] != self.state["config"].get(k))
+            # A setting added since the run began compares as its default (None), so old runs still resume.
+            changed = sorted(k for k in settings if settings[k] != self.state["config"].get(k))
+            if changed:
                 raise DraftsmithError(f"--resume with different settings ({', '.join(changed)}); use the same "
                                       "flags as the interrupted run, or a new --out")
         else:

@@ -364,10 +364,14 @@ def test_draft_vocabulary_gguf_adds_its_head_and_d2t(export_env: ExportEnv, tmp_
 
 
 def test_export_of_a_drafter_with_a_draft_vocabulary(export_env: ExportEnv, tmp_path) -> None:
-    """The draft vocabulary travels with the exported drafter, and a d2t GGUF joins the full-head ones."""
+    """The draft vocabulary travels as drafter-d2t/ (vLLM's layout) and a d2t GGUF; drafter/ stays the reference
+    format with the full head and nothing else, so an engine loading every *.safetensors of it finds the weights."""
     import json
     import shutil
 
+    from safetensors import safe_open
+
+    from trainer.drafter.checkpoint import load_drafter
     from trainer.drafter.draft_vocab import save_draft_vocab
     from trainer.export.artifacts import export_artifacts
     from trainer.targets import load_target
@@ -378,11 +382,32 @@ def test_export_of_a_drafter_with_a_draft_vocabulary(export_env: ExportEnv, tmp_
     config.setdefault("draftsmith", {})["draft_vocab_size"] = 4
     (drafter_dir / "config.json").write_text(json.dumps(config))
     save_draft_vocab(torch.tensor([1, 2, 300, 4000]), 49152, drafter_dir)
-    manifest = export_artifacts(drafter_dir, load_target(export_env.target), tmp_path / "out")
-    assert {"drafter/draft_vocab.safetensors", "gguf/drafter-q8_0-d2t.gguf", "gguf/drafter-q8_0.gguf"} <= \
-        set(manifest["files"])
-    tensors = parse_gguf(tmp_path / "out" / "gguf" / "drafter-q8_0-d2t.gguf").tensors
+    target = load_target(export_env.target)
+    manifest = export_artifacts(drafter_dir, target, tmp_path / "out")
+    out = tmp_path / "out"
+    assert {"drafter-d2t/config.json", "drafter-d2t/model.safetensors", "gguf/drafter-q8_0-d2t.gguf",
+            "gguf/drafter-q8_0.gguf"} <= set(manifest["files"])
+    assert sorted(p.name for p in (out / "drafter").iterdir()) == ["config.json", "model.safetensors"]
+    tensors = parse_gguf(out / "gguf" / "drafter-q8_0-d2t.gguf").tensors
     assert np.frombuffer(tensors["d2t"][2], dtype=np.int64).tolist() == [1, 2, 300, 4000]
-    assert "d2t" not in parse_gguf(tmp_path / "out" / "gguf" / "drafter-q8_0.gguf").tensors
-    exported = json.loads((tmp_path / "out" / "drafter" / "config.json").read_text())["draftsmith"]
-    assert exported == config["draftsmith"]  # recommended_block_size joins it from a report (test_pipeline.py)
+    assert "d2t" not in parse_gguf(out / "gguf" / "drafter-q8_0.gguf").tensors
+    reference_config = json.loads((out / "drafter" / "config.json").read_text())
+    assert "draft_vocab_size" not in reference_config
+    assert "draft_vocab_size" not in reference_config.get("draftsmith", {})
+    with safe_open(str(out / "drafter" / "model.safetensors"), "pt") as weights:
+        assert set(weights.keys()) == set(load_file_keys(drafter_dir / "model.safetensors"))
+    vllm_config = json.loads((out / "drafter-d2t" / "config.json").read_text())
+    assert vllm_config["draft_vocab_size"] == 4 and vllm_config["draftsmith"]["draft_vocab_size"] == 4
+    assert load_drafter(out / "drafter").draft_vocab is None  # the full head, as SGLang and `dflash` draft
+    assert load_drafter(out / "drafter-d2t").draft_vocab.tolist() == [1, 2, 300, 4000]
+    # Exporting again from the exported drafter-d2t/ gives the same files (bench/engines.py and audits do that).
+    export_artifacts(out / "drafter-d2t", target, tmp_path / "again")
+    for name in ("drafter/model.safetensors", "drafter-d2t/model.safetensors", "gguf/drafter-q8_0-d2t.gguf"):
+        assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes(), name
+
+
+def load_file_keys(path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as weights:
+        return list(weights.keys())

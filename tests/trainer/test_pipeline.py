@@ -32,6 +32,7 @@ def small_run_config(target_dir) -> RunConfig:
         target=str(target_dir), sampling=SamplingParams(max_new_tokens=16), num_prompts=40, holdout=0.2, num_layers=1,
         block_size=4, train=TrainConfig(steps=8, batch_size=4, anchors_per_sequence=4, checkpoint_every=4),
         generation_batch_size=8, validation_prompts=3, validation_max_new_tokens=12, sampling_draws=40,
+        engines=(),  # the engine step has its own tests (tests/engines/)
     )
 
 
@@ -58,11 +59,12 @@ def test_run_produces_the_artifact_layout(finished_run):
                  "manifest.json"):
         assert (out / name).is_file(), name
     manifest = json.loads((out / "manifest.json").read_text())
-    # The default recipe drafts over a draft vocabulary (this target has SmolLM2's 49k tokens): its table and
-    # the llama.cpp GGUF that reads it come beside the full-head files.
+    # The default recipe drafts over a draft vocabulary (this target has SmolLM2's 49k tokens): the drafter as vLLM
+    # reads one (drafter-d2t/) and the llama.cpp GGUF that reads it come beside the full-head files.
     assert set(manifest["files"]) == {"drafter/config.json", "drafter/model.safetensors", "gguf/drafter-f16.gguf",
                                       "gguf/drafter-q8_0.gguf", "README.md", "report.json", "metrics.jsonl",
-                                      "report.html", "drafter/draft_vocab.safetensors", "gguf/drafter-q8_0-d2t.gguf"}
+                                      "report.html", "drafter-d2t/config.json", "drafter-d2t/model.safetensors",
+                                      "gguf/drafter-q8_0-d2t.gguf"}
     assert verify_manifest(out) == []
     (out / "README.md").write_text((out / "README.md").read_text() + "tampered")
     assert verify_manifest(out) == ["README.md: content differs from the manifest"]

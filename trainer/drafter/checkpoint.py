@@ -1,5 +1,7 @@
 """Drafter checkpoints in the reference `dflash` format: config.json + model.safetensors (+ an optional
-draft vocabulary, trainer/drafter/draft_vocab.py, that the reference format does not know)."""
+draft vocabulary, trainer/drafter/draft_vocab.py, that the reference format does not know: training's
+`draft_vocab.safetensors` beside the weights, or an export's `d2t` + `lm_head.weight` inside them, as vLLM
+reads it)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,25 @@ RELEASED_NAMES = {
     f"candidate_selector.{name}.weight": f"candidate_selector.{name}"
     for name in ("predecessor_codebook", "successor_codebook")
 }
+
+
+def d2t_tensors(ids: torch.Tensor, head: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A draft vocabulary as tensors of the drafter's own weight file, the way vLLM (and llama.cpp's converter)
+    read it: `d2t` offsets (target id = draft id + d2t) and the drafter's own `lm_head.weight`, the target
+    head's rows at the draft ids."""
+    ids = ids.to(torch.long).sort().values
+    return {"d2t": (ids - torch.arange(len(ids))).contiguous(),
+            "lm_head.weight": head.detach()[ids].to(device="cpu", dtype=dtype).contiguous()}
+
+
+def ids_from_d2t(d2t: torch.Tensor, vocab_size: int, source: str) -> torch.Tensor:
+    """Sorted target ids from a `d2t` offset table; refuses one that is not a strictly increasing map into the
+    vocabulary (what training always writes, and what vLLM's scatter of the draft logits assumes)."""
+    ids = torch.arange(len(d2t)) + d2t.to(torch.long)
+    if len(ids) and (int(ids[0]) < 0 or int(ids[-1]) >= vocab_size or bool((ids[1:] <= ids[:-1]).any())):
+        raise DrafterError(f"{source}: d2t does not map the draft ids to distinct, sorted target ids below "
+                           f"{vocab_size}; export the drafter again")
+    return ids
 
 
 def save_drafter(drafter: Drafter, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
@@ -52,15 +73,22 @@ def load_drafter(path: str | Path, device: str | torch.device = "cpu", dtype: to
         raise DrafterError(f"drafter {path}: model.safetensors is missing")
     released_to_module = {v: k for k, v in RELEASED_NAMES.items()}
     state = {released_to_module.get(k, k): v for k, v in load_file(weights).items()}
+    # An export's draft vocabulary (trainer/export/drafter_d2t.py): `d2t` and the drafter's own head rows,
+    # which are the target head's rows at those ids; our decoder takes them from the target itself.
+    d2t = state.pop("d2t", None)
+    if d2t is not None:
+        state.pop("lm_head.weight", None)
+        state.pop("t2d", None)
     drafter = Drafter(config)
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise DrafterError(f"drafter {path}: weights do not match config.json "
                            f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     drafter = drafter.to(device=device, dtype=dtype).eval()
-    drafter.draft_vocab = load_draft_vocab(path)
+    drafter.draft_vocab = (ids_from_d2t(d2t, config.vocab_size, str(weights)) if d2t is not None
+                           else load_draft_vocab(path))
     if (None if drafter.draft_vocab is None else len(drafter.draft_vocab)) != config.draft_vocab_size:
+        where = f"the d2t table in {weights}" if d2t is not None else path / "draft_vocab.safetensors"
         raise DrafterError(f"drafter {path}: config.json says draft_vocab_size {config.draft_vocab_size} but "
-                           f"{path / 'draft_vocab.safetensors'} holds "
-                           f"{'none' if drafter.draft_vocab is None else len(drafter.draft_vocab)}")
+                           f"{where} holds {'none' if drafter.draft_vocab is None else len(drafter.draft_vocab)}")
     return drafter

@@ -161,6 +161,7 @@ class DrafterConfig:
 
     @classmethod
     def from_hf_dict(cls, data: dict) -> DrafterConfig:
+        """Reads the reference format, and the top-level `draft_vocab_size` of a vLLM-layout export."""
         try:
             architecture = (data.get("architectures") or [None])[0]
             variant = {v: k for k, v in ARCHITECTURES.items()}.get(architecture)
@@ -187,9 +188,15 @@ class DrafterConfig:
                 mask_token_id=int(dflash["mask_token_id"]),
                 input_embedding_scale=dflash.get("input_embedding_scale"),
                 target_fingerprint=(data.get("draftsmith") or {}).get("target_fingerprint"),
-                draft_vocab_size=(data.get("draftsmith") or {}).get("draft_vocab_size"),
+                draft_vocab_size=_draft_vocab_size(data),
                 recommended_block_size=(data.get("draftsmith") or {}).get("recommended_block_size"),
                 **extra,
             )
         except KeyError as exc:
             raise DrafterError(f"drafter config.json lacks the field {exc.args[0]!r}") from exc
+
+
+def _draft_vocab_size(data: dict) -> int | None:
+    """Ours (`draftsmith.draft_vocab_size`) or vLLM's top-level key; one equal to the vocabulary means none."""
+    size = (data.get("draftsmith") or {}).get("draft_vocab_size") or data.get("draft_vocab_size")
+    return None if size is None or size == data.get("vocab_size") else int(size)

@@ -1,9 +1,11 @@
 """`draftsmith export`: a trained drafter packaged for every serving engine.
 
-    drafter/config.json, drafter/model.safetensors   reference `dflash` format (SGLang, vLLM, transformers)
-    gguf/drafter-f16.gguf, gguf/drafter-q8_0.gguf     llama.cpp (`--spec-type draft-dflash`)
-    drafter/draft_vocab.safetensors,                 with a draft vocabulary: d2t/t2d (EAGLE-3 convention) and a
-      gguf/drafter-q8_0-d2t.gguf                     GGUF whose own head covers it (llama.cpp's DFlash `d2t`)
+    drafter/config.json, drafter/model.safetensors   reference `dflash` format, full head (SGLang, transformers,
+                                                     vLLM for DFlash 2 and for drafters without a draft vocabulary)
+    gguf/drafter-f16.gguf, gguf/drafter-q8_0.gguf     llama.cpp (`--spec-type draft-dflash`), full head
+    drafter-d2t/                                     with a draft vocabulary: the drafter as vLLM reads one
+                                                     (trainer/export/drafter_d2t.py; vLLM for DFlash)
+    gguf/drafter-q8_0-d2t.gguf                       with a draft vocabulary: its own head + `d2t` (llama.cpp)
     README.md                                        model card: target, sampling, figures, serving commands
     report.json, metrics.jsonl                       validation report and per-step training metrics
     report.html                                      both as charts, self-contained (opens from disk)
@@ -22,8 +24,8 @@ from pathlib import Path
 from schemas.manifest import build_manifest, sha256_file, verify_manifest  # noqa: F401 - re-exported
 from trainer.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from trainer.drafter.checkpoint import load_drafter
-from trainer.drafter.draft_vocab import FILE_NAME as DRAFT_VOCAB_FILE
 from trainer.errors import DraftsmithError
+from trainer.export.drafter_d2t import D2T_DIR, REFERENCE_DIR, reference_config, write_d2t_drafter
 from trainer.export.gguf_writer import write_gguf
 from trainer.export.model_card import D2T_GGUF, model_card
 from trainer.export.report_html import write_report_html
@@ -45,24 +47,8 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "manifest.json").unlink(missing_ok=True)  # the directory is unfinished until it is rewritten
 
-    staged = out_dir / "drafter"
-    staged.mkdir(exist_ok=True)
-    for name in ("config.json", "model.safetensors"):
-        _atomic_copy(drafter_dir / name, staged / name)
-    if report and report.get("recommended_block_size"):
-        # `draftsmith decode` (and anyone reading config.json) then drafts at the length validation measured best.
-        config = json.loads((staged / "config.json").read_text())
-        config.setdefault("draftsmith", {})["recommended_block_size"] = report["recommended_block_size"]
-        atomic_write_json(staged / "config.json", config)
-    (out_dir / "gguf").mkdir(exist_ok=True)
-    for dtype in GGUF_TYPES:
-        write_gguf(staged, target.path, out_dir / "gguf" / f"drafter-{dtype}.gguf", dtype)
-    if drafter.draft_vocab is not None:
-        # Engines that read a draft vocabulary (vLLM, llama.cpp: `d2t`) draft over it; the files above keep the
-        # full head for those that do not (SGLang, the reference package).
-        _atomic_copy(drafter_dir / DRAFT_VOCAB_FILE, staged / DRAFT_VOCAB_FILE)
-        write_gguf(staged, target.path, out_dir / D2T_GGUF, "q8_0",
-                   draft_vocab=(drafter.draft_vocab, target.lm_head.weight))
+    write_engine_drafters(drafter_dir, drafter.draft_vocab, target, out_dir,
+                          recommended_block_size=(report or {}).get("recommended_block_size"))
     if report is not None:
         atomic_write_json(out_dir / "report.json", report)
     if metrics_file is not None and Path(metrics_file).is_file():
@@ -73,6 +59,50 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     manifest = build_manifest(out_dir)
     atomic_write_json(out_dir / "manifest.json", manifest)
     return manifest
+
+
+def write_engine_drafters(drafter_dir: Path, draft_vocab, target: Target, out_dir: Path, *,
+                          recommended_block_size: int | None = None, ggufs: tuple[str, ...] = GGUF_TYPES) -> None:
+    """The drafter folders and GGUFs the engines load (also what validation's engine step runs,
+    trainer/validation/engines.py): drafter/, gguf/drafter-{ggufs}.gguf and, with a draft vocabulary,
+    drafter-d2t/ and (when q8_0 is among `ggufs`) the d2t GGUF."""
+    config = json.loads((Path(drafter_dir) / "config.json").read_text())
+    if recommended_block_size:
+        # `draftsmith decode` (and anyone reading config.json) then drafts at the length validation measured best.
+        config.setdefault("draftsmith", {})["recommended_block_size"] = recommended_block_size
+    staged = out_dir / REFERENCE_DIR
+    staged.mkdir(parents=True, exist_ok=True)
+    _reference_weights(Path(drafter_dir) / "model.safetensors", staged / "model.safetensors")
+    atomic_write_json(staged / "config.json", reference_config(config))
+    (out_dir / "gguf").mkdir(exist_ok=True)
+    for dtype in ggufs:
+        write_gguf(staged, target.path, out_dir / "gguf" / f"drafter-{dtype}.gguf", dtype)
+    if draft_vocab is not None:
+        # Engines that read a draft vocabulary (vLLM, llama.cpp: `d2t`) draft over it; drafter/ and the GGUFs
+        # above keep the full head for those that do not (SGLang, the reference package).
+        write_d2t_drafter(config, staged / "model.safetensors", out_dir / D2T_DIR, draft_vocab, target.lm_head.weight)
+        if "q8_0" in ggufs:
+            write_gguf(staged, target.path, out_dir / D2T_GGUF, "q8_0", draft_vocab=(draft_vocab, target.lm_head.weight))
+    else:  # nothing left from an earlier export of another drafter into the same folder
+        shutil.rmtree(out_dir / D2T_DIR, ignore_errors=True)
+        (out_dir / D2T_GGUF).unlink(missing_ok=True)
+
+
+def _reference_weights(source: Path, destination: Path) -> None:
+    """model.safetensors of drafter/: the drafter's weights only (a drafter-d2t/ source loses its d2t and head)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    if not source.is_file():
+        raise DraftsmithError(f"{source} is missing")
+    with safe_open(str(source), "pt") as weights:
+        names = set(weights.keys())
+    if "d2t" not in names:
+        _atomic_copy(source, destination)
+        return
+    tensors = {k: v for k, v in load_file(str(source)).items() if k not in ("d2t", "t2d", "lm_head.weight")}
+    with atomic_path(destination) as tmp:
+        save_file(tensors, tmp, metadata={"format": "pt"})
 
 
 def _atomic_copy(source: Path, destination: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 from trainer.drafter.config import DrafterConfig
+from trainer.export.drafter_d2t import D2T_DIR
+from trainer.export.engine_figures import engine_markdown, headline_rows
 from trainer.targets.loading import Target
 
 D2T_GGUF = "gguf/drafter-q8_0-d2t.gguf"
@@ -40,6 +42,13 @@ def _figures(report: dict | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _best_llama_cpp(report: dict | None) -> dict | None:
+    """The fastest drafter row the engine step measured in llama.cpp (its command is the card's), else None."""
+    rows = [r for r in headline_rows((report or {}).get("engines")) if r.get("engine") == "llama.cpp"
+            and r.get("spec") == "draft-dflash" and r.get("tokens_per_s")]
+    return max(rows, key=lambda r: r["tokens_per_s"], default=None)
+
+
 def model_card(config: DrafterConfig, target: Target, report: dict | None, target_name: str) -> str:
     block = config.block_size
     recommended = (report or {}).get("recommended_block_size", block)
@@ -47,9 +56,26 @@ def model_card(config: DrafterConfig, target: Target, report: dict | None, targe
     variant = {"dflash2": "DFlash 2 (dynamic convolutions + candidate selector)", "dflash": "DFlash"}[config.variant]
     # With a draft vocabulary, llama.cpp drafts over it (its own head + `d2t`); the full-head files stay for the rest.
     llama_gguf = D2T_GGUF if config.draft_vocab_size else "gguf/drafter-q8_0.gguf"
-    vocab_files = (f", `{D2T_GGUF}` (drafts over the {config.draft_vocab_size:,} most frequent tokens, "
-                   "`d2t` table) and `drafter/draft_vocab.safetensors` (`d2t`/`t2d`, for vLLM)"
+    vocab_files = (f", `{D2T_DIR}/` (the drafter with its draft vocabulary of the {config.draft_vocab_size:,} most "
+                   f"frequent tokens as vLLM reads one: top-level `draft_vocab_size`, `d2t` and the head's rows as "
+                   f"`lm_head.weight`) and `{D2T_GGUF}` (the same for llama.cpp: its own head + `d2t`)"
                    if config.draft_vocab_size else "")
+    # vLLM reads a draft vocabulary only for DFlash (v1); its DFlash 2 candidate head ignores `d2t`.
+    vllm_folder = D2T_DIR if config.draft_vocab_size and config.variant == "dflash" else "drafter"
+    speculative = json.dumps({"method": "dflash", "model": f"./{vllm_folder}", "num_speculative_tokens": recommended - 1})
+    vllm_note = ("vLLM serves DFlash 2 only with its V2 model runner, which needs Triton (a GPU): on a CPU its V1 "
+                 "runner refuses the drafter (\"Model Runner V1 does not support: DFlash candidate-head drafts\"). "
+                 "Train with `drafter.variant: dflash` (`draftsmith run --variant dflash`) for vLLM on a CPU.\n"
+                 if config.variant == "dflash2" else
+                 "This DFlash (v1) drafter loads in vLLM's CPU build as well (its V1 model runner).\n")
+    measured = next((r for r in headline_rows((report or {}).get("engines")) if r.get("engine") == "vllm"
+                     and r.get("spec") == "dflash" and r.get("command")), None)
+    vllm_command = (measured["command"] if measured else
+                    f"LLM(model=TARGET, speculative_config={speculative}).generate(prompt_token_ids, ...)")
+    best = _best_llama_cpp(report)
+    llama_command = (best["command"].replace("target-f16.gguf", "target.gguf").replace("target-q4_1.gguf", "target.gguf")
+                     if best else f"llama-server -m target.gguf -md ./{llama_gguf} --spec-type draft-dflash "
+                                  f"--spec-draft-n-max {recommended - 1}")
     return f"""---
 library_name: transformers
 tags: [speculative-decoding, dflash, draftsmith]
@@ -64,7 +90,7 @@ output identical to the target's alone (greedy) and distributed exactly like it 
 - target fingerprint (tokenizer + embedding): `{target.fingerprint}`
 - drafter: {config.num_layers} layers, hidden size {config.hidden_size}, block size {block}, mask token id
   {config.mask_token_id}
-- files: `drafter/` (reference `dflash` format, safetensors), `gguf/drafter-f16.gguf`, `gguf/drafter-q8_0.gguf`{vocab_files}
+- files: `drafter/` (reference `dflash` format, safetensors, full head), `gguf/drafter-f16.gguf`, `gguf/drafter-q8_0.gguf`{vocab_files}
 
 ## Sampling parameters it was trained and validated for
 
@@ -75,8 +101,13 @@ output identical to the target's alone (greedy) and distributed exactly like it 
 ## Validation
 
 {_figures(report)}
+## Measured in serving engines
+
+{engine_markdown((report or {}).get("engines"))}
 ## Serving
 
+Which engine loads which file: SGLang, transformers (the `dflash` package) and Draftsmith load `drafter/`;
+vLLM loads `./{vllm_folder}`; llama.cpp loads `{llama_gguf}` (full-head GGUFs: `gguf/drafter-{{f16,q8_0}}.gguf`).
 Each engine counts the block differently: SGLang takes the whole block (anchor + drafts), vLLM and
 llama.cpp the number of drafted tokens (block size - 1). Block size {recommended} is recommended from the
 measured acceptance; any size up to {block} works.
@@ -88,16 +119,15 @@ python -m sglang.launch_server --model-path {target_name} \\
     --speculative-num-draft-tokens {recommended}
 ```
 
-vLLM:
+vLLM: {vllm_note.strip()} The engine step runs it offline, as
+`{vllm_command}`; the server takes the same configuration:
 ```bash
-vllm serve {target_name} --speculative-config \\
-    '{{"method": "dflash", "model": "./drafter", "num_speculative_tokens": {recommended - 1}}}'
+vllm serve {target_name} --speculative-config '{speculative}'
 ```
 
-llama.cpp:
+llama.cpp (the command the engine step measured fastest, when it ran; `target.gguf` is the target's GGUF):
 ```bash
-llama-server -m target.gguf -md {llama_gguf} \\
-    --spec-type draft-dflash --spec-draft-n-max {recommended - 1}
+{llama_command}
 ```
 
 Transformers, with the reference package (`pip install dflash==0.1.0`):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.atomic import atomic_write_bytes
+from trainer.export.engine_figures import engine_html
 
 MAX_METRIC_RECORDS = 1000  # enough points for a smooth curve; a 100k-step run stays a small file
 _METRIC_KEYS = ("step", "loss", "ce", "accuracy_per_position", "train_tau_estimate")
@@ -202,6 +203,8 @@ Written by <code>draftsmith export</code>; opens offline.</p></header>
 <table class="facts"><tbody>{_lossless(report)}</tbody></table>
 <h2>Speed</h2>
 <div class="grid"><div id="speedup-block"></div></div>
+<h2>Serving engines</h2>
+{engine_html(report.get("engines"))}
 <h2>Training</h2>
 <div class="grid"><div id="training-loss"></div><div id="training-positions"></div></div>
 <h2>Sampling parameters</h2>
