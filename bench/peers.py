@@ -35,8 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-from heldout import append_result, git_revision, heldout_references, load_results, paired_delta, paired_ratio, \
-    score_drafter, uncommitted, uptime_load, work_lock
+from heldout import append_result, git_revision, heldout_prompts, heldout_references, load_results, paired_delta, \
+    paired_ratio, score_drafter, uncommitted, uptime_load, work_lock
 import specforge_peer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,6 +123,7 @@ def train_specforge(name: str, steps: int, args, env: dict, target, store) -> tu
         target_dir=args.target_dir, draft_config_path=draft_path, data_dir=args.work / "specforge-data",
         out_dir=row_dir / "run", samples=converted["samples"], steps=steps, batch_size=args.batch_size,
         anchors=args.anchors, mask_token_id=args.mask_token_id, max_length=args.max_length)
+    config["training"].update(args.specforge_set)
     (row_dir / "run.yaml").write_text(yaml.safe_dump(config))
     log = args.work / "logs" / f"{name}.log"
     status, cpu, wall = run_measured(specforge_peer.train_command(args.specforge_venv, row_dir / "run.yaml"), log,
@@ -147,6 +148,8 @@ def run_row(name: str, args, target, store, references) -> dict:
 
     trainer, variant, budget = ROWS[name]
     steps = steps_for(name, args, load_results(args.work))
+    if args.tag:  # a variant of the row (e.g. SpecForge with one of our settings), tabled against the plain rows
+        name = f"{name}+{args.tag}"
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     load_before = uptime_load()
     if trainer == "specforge":
@@ -166,36 +169,40 @@ def run_row(name: str, args, target, store, references) -> dict:
                uncommitted=uncommitted(),
                aligned={"taps": args.taps, "mask_token_id": args.mask_token_id, "block_size": args.block_size,
                         "layers": args.layers, "batch_size": args.batch_size, "anchors": args.anchors})
+    if args.specforge_set and trainer == "specforge":
+        row["specforge_set"] = args.specforge_set
     return row
 
 
 def check_export(name: str, args, target, references, prompts: int) -> dict:
-    """The row's drafter as exported: greedy speculative output equal to the target's on `prompts` held-out
-    prompts (our decoder against the references, token for token), and `draftsmith validate` run on it as-is."""
+    """The row's drafter as exported, loaded as written: greedy speculative output at its block size equal to the
+    target's on `prompts` held-out prompts (our decoder against the references, token for token), and the
+    validate stage's measurement (`trainer.validation.report.validate`, what `draftsmith validate` runs, without
+    its serving-engine step) on 6 held-out prompts with a 60-draw sampling test."""
+    from schemas import recipe
     from schemas.sampling import SamplingParams
+    from trainer.data.prompts import load_prompts, split_prompts
     from trainer.drafter.checkpoint import load_drafter
     from trainer.speculative import SpeculativeDecoder
+    from trainer.validation.report import validate
 
     row = load_results(args.work)[name]
-    drafter_dir = Path(row["drafter_dir"])
-    decoder = SpeculativeDecoder(target, load_drafter(drafter_dir))
+    drafter = load_drafter(Path(row["drafter_dir"]))
+    decoder = SpeculativeDecoder(target, drafter)
     mismatches = []
     for reference in references[:prompts]:
         out = decoder.generate(reference.tokens[:reference.prompt_len], SamplingParams(temperature=0.0),
                                max_new_tokens=reference.max_new_tokens)
         if out.tokens != reference.tokens[reference.prompt_len:]:
             mismatches.append(reference.prompt_id)
-    report_path = args.work / "checks" / name / "report.json"
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    validate = subprocess.run([str(ROOT / ".venv" / "bin" / "draftsmith"), "validate", "--target", str(args.target_dir),
-                               "--drafter", str(drafter_dir), "--out", str(report_path), "--num-prompts", "6",
-                               "--sampling-draws", "60"], capture_output=True, text=True, cwd=ROOT)
-    check = {"row": name, "greedy_prompts": prompts, "greedy_mismatches": mismatches,
-             "validate_exit": validate.returncode, "validate_summary": validate.stdout.strip().splitlines()[-1:]}
-    if report_path.is_file():
-        report = json.loads(report_path.read_text())
-        check.update(validate_passed=report.get("passed"), validate_tau=report.get("tau"))
-    (args.work / "checks" / f"{name}.json").write_text(json.dumps(check, indent=1))
+    _, holdout = split_prompts(load_prompts(), recipe.HOLDOUT_SHARE)
+    report = validate(target, drafter, holdout[:6], SamplingParams(), sampling_draws=60)
+    check = {"row": name, "drafter_dir": row["drafter_dir"], "greedy_prompts": prompts,
+             "block_size": decoder.block_size, "greedy_mismatches": mismatches, "validate_passed": report["passed"],
+             "validate_tau": report["tau"], "validate_lossless": report["lossless"],
+             "recommended_block_size": report["recommended_block_size"]}
+    (args.work / "checks").mkdir(parents=True, exist_ok=True)
+    (args.work / "checks" / f"{name}.json").write_text(json.dumps(check, indent=1, default=str))
     return check
 
 
@@ -252,6 +259,9 @@ def main() -> None:
     parser.add_argument("--references", type=Path, default=None, help="Held-out references folder to reuse "
                                                                        "(default WORK/references).")
     parser.add_argument("--specforge-venv", type=Path, default=specforge_peer.DEFAULT_VENV)
+    parser.add_argument("--specforge-set", default="", help="SpecForge training settings to change, e.g. "
+                                                            "'learning_rate=2e-3;warmup_ratio=0.5' (JSON values).")
+    parser.add_argument("--tag", default="", help="Record the rows as NAME+TAG (a variant; the plain rows stay).")
     parser.add_argument("--full-vocab", action="store_true", help="Also score our drafters drafting over the full "
                                                                    "vocabulary, as SpecForge's does (a second replay).")
     parser.add_argument("--check-export", default="", help="Rows whose exported drafter to check (lossless and "
@@ -275,9 +285,12 @@ def main() -> None:
     from trainer.targets.chat import choose_mask_token_id
 
     args.taps = [int(t) for t in args.taps.split(",")]
+    args.specforge_set = {k: json.loads(v) for k, v in (item.split("=", 1)
+                                                        for item in filter(None, args.specforge_set.split(";")))}
     args.target_dir = resolve_target_path(args.target)
     target = load_target(args.target_dir)
     store = DataStore.open(args.data)
+    heldout_prompts(store.meta["prompt_ids"])  # before any row trains
     args.mask_token_id, _ = choose_mask_token_id(target.tokenizer, target.vocab_size)
 
     def references():

@@ -21,8 +21,8 @@ import json
 import time
 from pathlib import Path
 
-from heldout import append_result, git_revision, heldout_references, load_results, paired_delta, score_drafter, \
-    uptime_load
+from heldout import append_result, git_revision, heldout_prompts, heldout_references, load_results, paired_delta, \
+    score_drafter, uptime_load
 
 BF16 = {"bf16_matmuls": True}
 ROWS: dict[str, tuple[str, dict, dict]] = {
@@ -187,6 +187,7 @@ def main() -> None:
     args.block_size = args.block_size or recipe.BLOCK_SIZE
     target = load_target(resolve_target_path(args.target))
     store = DataStore.open(args.data)
+    heldout_prompts(store.meta["prompt_ids"])  # before any row trains
 
     def references():
         """Decoded after the first row trains, so a study starts training at once."""
