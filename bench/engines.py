@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--num-speculative-tokens", type=int, default=None, help="vLLM's k (default: recommended)")
     parser.add_argument("--full", action="store_true", help="print every row of the grid")
+    parser.add_argument("--budget", type=float, default=None, help="seconds for the whole step (default: validation's)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -52,7 +53,8 @@ def main() -> None:
                           work_dir=work, engines=tuple(e for e in args.engines.split(",") if e),
                           num_prompts=args.prompts or ENGINE_PROMPTS,
                           max_new_tokens=args.max_new_tokens or ENGINE_MAX_NEW_TOKENS,
-                          num_speculative_tokens=args.num_speculative_tokens, export_dir=export)
+                          num_speculative_tokens=args.num_speculative_tokens, export_dir=export,
+                          **({"budget_s": args.budget} if args.budget else {}))
     print(engine_markdown(section, full=args.full))
     print(f"engine step: {section.get('seconds')} s; work files in {work}")
     if args.json:

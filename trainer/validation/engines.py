@@ -123,7 +123,7 @@ def llama_cpp_runs(bin_dir: Path, targets: dict[str, Path], drafters: dict[str, 
             spec = LlamaRun(f"{target_name}-{name}", target_gguf, **kw)
             if time.monotonic() > deadline:
                 rows.append({"name": spec.name, "spec": spec.spec, "target": target_name, "n_max": spec.n_max,
-                             "p_min": spec.p_min, "error": f"not run: the engine step's {BUDGET_S} s were spent"})
+                             "p_min": spec.p_min, "error": "not run: the engine step's time was spent"})
                 return rows[-1]
             result = run_server(bin_dir, spec, prompts, max_tokens, threads=threads, ctx=CONTEXT, log_dir=log_dir)
             result.update(target=target_name, drafter=kw.get("draft_gguf") and kw["draft_gguf"].name,
@@ -174,7 +174,12 @@ def vllm_runs(python: Path, target, drafter_folder: Path, num_speculative_tokens
     if not result_file.is_file():
         tail = (work / "vllm.log").read_text(errors="replace")[-1500:]
         return {"error": f"vLLM produced no result; log tail: {tail}", "runs": []}
-    return json.loads(result_file.read_text())
+    result = json.loads(result_file.read_text())
+    done = {run["name"] for run in result["runs"]}
+    result["runs"] += [{"name": run["name"], "speculative_config": run["speculative_config"], "command": "",
+                        "error": f"not finished within the engine step's time ({timeout:.0f} s left for vLLM)"}
+                       for run in job["runs"] if run["name"] not in done]
+    return result
 
 
 def _row(engine: str, run: dict, alone: dict | None, outputs, engine_reference, ours, reason: str | None) -> dict:
@@ -198,7 +203,7 @@ def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_t
                 work_dir: Path, engines: tuple[str, ...] | None = None, max_new_tokens: int = ENGINE_MAX_NEW_TOKENS,
                 num_speculative_tokens: int | None = None, export_dir: Path | None = None,
                 llama_targets: tuple[str, ...] = ("quantised", "f16"), draft_lengths: tuple[int, ...] = DRAFT_LENGTHS,
-                p_mins: tuple[float, ...] = P_MINS, vllm_baselines: bool = True) -> dict:
+                p_mins: tuple[float, ...] = P_MINS, vllm_baselines: bool = True, budget_s: float = BUDGET_S) -> dict:
     """The `engines` section of report.json. `prompts`: rendered token ids; `reference_tokens`: our float32
     target's greedy output for each (at `max_new_tokens`). `export_dir`: an export to run as is (else the drafter
     is exported into work_dir first, as `draftsmith export` would). `engines`: which to run (None: those found)."""
@@ -208,7 +213,7 @@ def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_t
     from trainer.export.model_card import D2T_GGUF
 
     started, load_before = time.perf_counter(), os.getloadavg()[0]
-    deadline = time.monotonic() + BUDGET_S
+    deadline = time.monotonic() + budget_s
     wanted = ENGINES if engines is None else tuple(engines)
     threads = engine_threads()
     section: dict = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "threads": threads,
@@ -267,8 +272,8 @@ def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_t
         result = vllm_runs(found["vllm"], target, folder, k, prompts, max_new_tokens, work_dir / "vllm", threads,
                            vllm_baselines, deadline - time.monotonic())
         section["vllm"] = {"version": result.get("vllm_version"), "folder": f"./{folder.name}",
-                           "environment": "VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS="
-                                          f"{threads} VLLM_CPU_KVCACHE_SPACE=1"}
+                           "environment": f"VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS={threads} "
+                                          "VLLM_CPU_KVCACHE_SPACE=1"}
         if result.get("error"):
             section["skipped"].append(f"vllm: {result['error']}")
         alone = next((r for r in result["runs"] if r["name"] == "alone" and "tokens" in r), None)
@@ -276,9 +281,10 @@ def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_t
             run["spec"] = (run.get("speculative_config") or {}).get("method", "none")
             if "seconds" in run:
                 run["tokens_per_s"] = round(sum(len(t) for t in run["tokens"]) / sum(run["seconds"]), 2)
-                if run.get("drafts"):
+                if run.get("drafts"):  # vLLM's mean acceptance length: over the steps that drafted
                     run["tau"] = round(1 + run["accepted_tokens"] / run["drafts"], 4)
-                    run["tokens_per_target_step"] = run["tau"]  # vLLM drafts on every step
+                generated = sum(len(t) for t in run["tokens"])
+                run["tokens_per_target_step"] = round(generated / max(1, generated - run.get("accepted_tokens", 0)), 4)
             run["target"] = "float32"
             run["drafter"] = folder.name if run["name"].startswith("dflash") else None
             run["command"] = run["command"].replace(str(folder), f"./{folder.name}").replace(
@@ -296,7 +302,7 @@ def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_t
 def engine_step(target, drafter_dir: Path, prompts: list, params, *, work_dir: Path | None = None,
                 engines: tuple[str, ...] | None = None, num_prompts: int = ENGINE_PROMPTS,
                 max_new_tokens: int = ENGINE_MAX_NEW_TOKENS, num_speculative_tokens: int | None = None,
-                export_dir: Path | None = None) -> dict:
+                export_dir: Path | None = None, **options) -> dict:
     """Validation's engine step on held-out `prompts` (trainer.data.prompts.Prompt): renders them with the job's
     chat template, decodes them with our float32 target as the reference, and runs `run_engines`."""
     from trainer.speculative import SpeculativeDecoder
@@ -313,6 +319,6 @@ def engine_step(target, drafter_dir: Path, prompts: list, params, *, work_dir: P
     with tempfile.TemporaryDirectory(prefix="draftsmith-engines-") as scratch:
         section = run_engines(target, drafter_dir, rendered, reference, work_dir=Path(work_dir or scratch),
                               engines=engines, max_new_tokens=max_new_tokens,
-                              num_speculative_tokens=num_speculative_tokens, export_dir=export_dir)
+                              num_speculative_tokens=num_speculative_tokens, export_dir=export_dir, **options)
     section["prompt_ids"] = [p.id for p in prompts[:num_prompts]]
     return section
