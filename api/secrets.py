@@ -1,9 +1,11 @@
-"""Organisation secrets: publishing credentials an organisation stores once and jobs reference by name
-(`publish[].credentials_secret`, `publish[].token_secret`). Job bodies never carry secret values.
+"""Organisation secrets: credentials an organisation stores once and jobs reference by name
+(`publish[].credentials_secret`, `publish[].token_secret`) or by convention: `s3.<bucket>` / `s3` for its buckets
+(api/storage_scope.py), `hf.<namespace>` / `hf` for the Hub (api/hub_access.py). Job bodies never carry secret
+values.
 
 Values are encrypted at rest with Fernet (AES-128-CBC + HMAC-SHA256) under a key derived from
 `DRAFTSMITH_SECRETS_KEY`, or from `DRAFTSMITH_SECRET_KEY` when that is unset. The API writes them and never
-reads them back out; the worker decrypts one when it publishes. Neither the value nor a fragment of it
+reads them back out; the worker decrypts one when it fetches or publishes. Neither the value nor a fragment of it
 ever appears in a response, an event or a log line.
 """
 
@@ -80,7 +82,7 @@ def delete_secret(session: Session, org_id: str, name: str) -> None:
 
 
 def secret_value(session: Session, settings: Settings, org_id: str, name: str) -> str:
-    """The decrypted value, for the worker's publishing step only."""
+    """The decrypted value, for the worker only (a fetch or a publish with the organisation's own credentials)."""
     row = session.get(OrgSecret, (org_id, name))
     if row is None:
         raise SecretUnavailable(f"organisation secret {name!r} does not exist; store it with PUT /v1/secrets/{name}")
@@ -101,6 +103,14 @@ def parse_s3_credentials(raw: str, name: str) -> dict[str, str | None]:
     except (ValueError, KeyError, TypeError, AttributeError):
         raise SecretUnavailable(f"secret {name!r} must be JSON with access_key_id and secret_access_key (optionally "
                                 "endpoint_url, region)") from None
+
+
+def parse_hub_token(raw: str, name: str) -> str:
+    """A Hub secret's value is the token itself; surrounding whitespace (a pasted newline) is not part of it."""
+    token = raw.strip()
+    if not token or any(char.isspace() for char in token):
+        raise SecretUnavailable(f"secret {name!r} must hold one Hub token (hf_...), without spaces or line breaks")
+    return token
 
 
 def check_referenced_secrets(session: Session, org_id: str, spec: JobSpec) -> None:

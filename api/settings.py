@@ -176,11 +176,19 @@ class Settings(BaseSettings):
     )
     hf_endpoint: str | None = Field(default=None, description="Hugging Face Hub endpoint (default huggingface.co).")
     hf_token: SecretStr | None = Field(
-        default=None, description="The deployment's Hub token (fetching hf:// targets, publishing without a "
-        "per-organisation token_secret)."
+        default=None, description="The deployment's Hub token, sent only for DRAFTSMITH_HF_TRUSTED_NAMESPACES "
+        "(fetching hf:// repos, publishing without an organisation token)."
+    )
+    hf_trusted_namespaces: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Hub namespaces (users or organisations, comma-separated; * for all) that jobs may read and "
+        "publish to with the deployment's own Hub token, e.g. a namespace of shared base models. Any other repo is "
+        "reached only with the organisation's own token (token_secret, else secrets named hf.<namespace> or hf), or "
+        "anonymously for reads (public repos). Unset in development (one local organisation on the operator's "
+        "machine): *.",
     )
 
-    @field_validator("allowed_file_roots", "s3_trusted_buckets", mode="before")
+    @field_validator("allowed_file_roots", "s3_trusted_buckets", "hf_trusted_namespaces", mode="before")
     @classmethod
     def _split_roots(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -210,10 +218,12 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _development_trusts_every_bucket(self) -> Settings:
+    def _development_trusts_every_bucket_and_namespace(self) -> Settings:
         # A development setup is single-tenant: its one organisation is the operator, whose credentials these are.
         if self.env == "development" and "s3_trusted_buckets" not in self.model_fields_set:
             self.s3_trusted_buckets = ["*"]
+        if self.env == "development" and "hf_trusted_namespaces" not in self.model_fields_set:
+            self.hf_trusted_namespaces = ["*"]
         return self
 
     @model_validator(mode="after")

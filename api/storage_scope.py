@@ -29,7 +29,11 @@ Other buckets (`choose_s3_access`): the deployment's credentials are never lent 
 lists the bucket in `s3_trusted_buckets` (a shared models bucket, say; `*` in a development setup, whose one
 organisation is the operator). An organisation reads its own buckets
 with its own secret: the one a publish destination names (`credentials_secret`), else a secret named
-`s3.<bucket>`, else one named `s3`; without one a read is anonymous (public buckets only) and a publish refused.
+`s3.<bucket>`, else one named `s3`; without one a read is anonymous (public buckets only) and a publish refused
+(`choose_access` is the order). The Hugging Face Hub is an outside store of the same kind, with the same order:
+the token secret a destination names, else the organisation's `hf.<namespace>`, else the deployment's token for
+`hf_trusted_namespaces` only, else the organisation's `hf`, else anonymous (api/hub_access.py; Hub publish
+destinations are judged with the buckets, in `check_spec_storage`).
 """
 
 from __future__ import annotations
@@ -281,30 +285,43 @@ def check_storage_uri(uri: str, settings: Settings, tenant: Tenant, *, write: bo
 
 
 @dataclass(frozen=True)
-class S3Access:
+class Access:
+    """Whose credentials one request carries: the deployment's, an organisation secret (by name), or none."""
+
     kind: Literal["deployment", "secret", "anonymous"]
     secret: str | None = None
 
 
-def choose_s3_access(bucket: str, settings: Settings, secret_names: Collection[str], *,
-                     explicit_secret: str | None = None, write: bool = False) -> S3Access:
-    """Whose credentials reach `bucket` (not the deployment's storage: `check_storage_uri` first)."""
+def choose_access(*, own_secret: str, default_secret: str, trusted: bool, secret_names: Collection[str],
+                  explicit_secret: str | None, write: bool, needed: str) -> Access:
+    """The one order for every outside store (S3 buckets here, Hub namespaces in api/hub_access.py): the secret
+    the spec names; else the organisation's secret for this very bucket or namespace (`own_secret`); else the
+    deployment's credentials, when the operator trusts it; else the organisation's default secret; else none,
+    which is enough to read public data and never enough to write (CredentialsNeeded with `needed`)."""
     if explicit_secret:
-        return S3Access("secret", explicit_secret)
-    per_bucket = f"s3.{bucket}"
-    if _SECRET_NAME_RE.match(per_bucket) and per_bucket in secret_names:
-        return S3Access("secret", per_bucket)
-    if bucket in settings.s3_trusted_buckets or "*" in settings.s3_trusted_buckets:
-        return S3Access("deployment")
-    if DEFAULT_S3_SECRET in secret_names:
-        return S3Access("secret", DEFAULT_S3_SECRET)
+        return Access("secret", explicit_secret)
+    if _SECRET_NAME_RE.match(own_secret) and own_secret in secret_names:
+        return Access("secret", own_secret)
+    if trusted:
+        return Access("deployment")
+    if default_secret in secret_names:
+        return Access("secret", default_secret)
     if write:
-        raise CredentialsNeeded(
-            f"publishing to s3://{bucket} needs your own credentials: store them with PUT /v1/secrets/NAME "
-            '({"access_key_id", "secret_access_key", "endpoint_url"?, "region"?}) and name the secret in '
-            f"credentials_secret (or call it s3.{bucket} or s3); this deployment lends its own only to "
-            "DRAFTSMITH_S3_TRUSTED_BUCKETS")
-    return S3Access("anonymous")
+        raise CredentialsNeeded(needed)
+    return Access("anonymous")
+
+
+def choose_s3_access(bucket: str, settings: Settings, secret_names: Collection[str], *,
+                     explicit_secret: str | None = None, write: bool = False) -> Access:
+    """Whose credentials reach `bucket` (not the deployment's storage: `check_storage_uri` first)."""
+    return choose_access(
+        own_secret=f"s3.{bucket}", default_secret=DEFAULT_S3_SECRET, secret_names=secret_names,
+        trusted=bucket in settings.s3_trusted_buckets or "*" in settings.s3_trusted_buckets,
+        explicit_secret=explicit_secret, write=write,
+        needed=f"publishing to s3://{bucket} needs your own credentials: store them with PUT /v1/secrets/NAME "
+        '({"access_key_id", "secret_access_key", "endpoint_url"?, "region"?}) and name the secret in '
+        f"credentials_secret (or call it s3.{bucket} or s3); this deployment lends its own only to "
+        "DRAFTSMITH_S3_TRUSTED_BUCKETS")
 
 
 # --- at admission: every URI of a spec --------------------------------------------------------------------------
@@ -316,6 +333,8 @@ class SpecUri:
     uri: str
     write: bool = False
     credentials_secret: str | None = None
+    secret_field: str | None = None
+    """Where a publish destination names its secret: the field a CredentialsNeeded refusal is reported on."""
 
 
 def spec_storage_uris(spec: object) -> list[SpecUri]:
@@ -334,7 +353,12 @@ def spec_storage_uris(spec: object) -> list[SpecUri]:
     for index, destination in enumerate(getattr(spec, "publish", None) or []):
         if destination.kind == "s3":
             found.append(SpecUri(f"publish.{index}.uri", destination.uri, write=True,
-                                 credentials_secret=destination.credentials_secret))
+                                 credentials_secret=destination.credentials_secret,
+                                 secret_field=f"publish.{index}.credentials_secret"))
+        else:  # a Hub repo, spelled as the hf:// URI its fetches would use
+            found.append(SpecUri(f"publish.{index}.repo", f"hf://{destination.repo}", write=True,
+                                 credentials_secret=destination.token_secret,
+                                 secret_field=f"publish.{index}.token_secret"))
     return found
 
 
@@ -355,7 +379,8 @@ def tenant_for(session: object, org_id: str) -> Tenant:
 
 def check_spec_storage(session: object, settings: Settings, org_id: str, spec: object) -> None:
     """Refuse (422 naming each field) a spec with a URI its organisation may not use, or a publish destination
-    it has no credentials for."""
+    (a bucket, a Hub repo) it has no usable credentials for. Reads need none: without a secret they go anonymous."""
+    from api.hub_access import choose_hub_access
     from api.problems import FieldError, InvalidRequest
 
     tenant = tenant_for(session, org_id)
@@ -363,14 +388,15 @@ def check_spec_storage(session: object, settings: Settings, org_id: str, spec: o
     for item in spec_storage_uris(spec):
         try:
             inside = check_storage_uri(item.uri, settings, tenant, write=item.write)
-            if item.write and inside is None:
+            if item.write and inside is None and item.uri.startswith("hf://"):
+                choose_hub_access(item.uri.removeprefix("hf://"), settings, tenant.secret_names(),
+                                  explicit_secret=item.credentials_secret, write=True)
+            elif item.write and inside is None:
                 bucket = item.uri.removeprefix("s3://").partition("/")[0]
                 choose_s3_access(bucket, settings, tenant.secret_names(), explicit_secret=item.credentials_secret,
                                  write=True)
         except StorageScopeError as exc:
-            field = item.field
-            if isinstance(exc, CredentialsNeeded):
-                field = field.removesuffix(".uri") + ".credentials_secret"
+            field = item.secret_field if isinstance(exc, CredentialsNeeded) and item.secret_field else item.field
             errors.append(FieldError(field=field, message=str(exc)))
     if errors:
         raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors)

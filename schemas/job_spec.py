@@ -36,6 +36,11 @@ from schemas.sampling import SamplingParams
 
 BUNDLED_TARGETS: frozenset[str] = frozenset({"smollm2-135m"})
 TARGET_SCHEMES = "hf://org/name@revision, s3://bucket/prefix, file:///absolute/path or bundled:NAME"
+READ_CREDENTIALS = ("A private hf:// repo is read with the organisation's own Hub token (a secret named "
+                    "hf.<namespace> or hf), a private s3:// bucket with its own credentials (s3.<bucket> or s3); "
+                    "without one, anonymously (public repos and buckets). The deployment's own credentials are used "
+                    "only for DRAFTSMITH_HF_TRUSTED_NAMESPACES and DRAFTSMITH_S3_TRUSTED_BUCKETS.")
+"""How the URIs a job reads are fetched, and with whose credentials (api/hub_access.py, api/storage_scope.py)."""
 
 # Hugging Face repo ids: optional namespace, then a name; letters, digits, '.', '_', '-'.
 _HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
@@ -141,7 +146,7 @@ class TargetSpec(StrictModel):
     """The customer's fine-tuned model: the one the drafter learns to predict."""
 
     uri: str = Field(
-        description=f"Where the target lives: {TARGET_SCHEMES}.",
+        description=f"Where the target lives: {TARGET_SCHEMES}. {READ_CREDENTIALS}",
         examples=["bundled:smollm2-135m", "hf://acme/support-llama-8b@v3"],
         max_length=2048,
     )
@@ -201,7 +206,7 @@ class DataSpec(StrictModel):
         default="builtin",
         max_length=2048,
         description="`builtin` (the bundled prompt set), an uploaded file id `file-...`, "
-        "or a URI (hf://, s3://, file://) of a JSONL prompts file.",
+        f"or a URI (hf://, s3://, file://) of a JSONL prompts file. {READ_CREDENTIALS}",
     )
     count: int | None = Field(
         default=None, ge=1, le=MAX_PROMPTS_PER_JOB,
@@ -286,7 +291,8 @@ class InitSpec(StrictModel):
     from_drafter: str = Field(
         max_length=2048,
         description="A drafter of your organisation (`drf_...`, see GET /v1/drafters) or the URI of a drafter "
-        "directory / exported artifact folder: hf://org/name[@revision], s3://bucket/prefix, file:///path.",
+        "directory / exported artifact folder: hf://org/name[@revision], s3://bucket/prefix, file:///path. "
+        f"{READ_CREDENTIALS}",
         examples=["drf_01JQ3ZV8Q7M3W0S9X4T2B6N1C5", "hf://acme/support-llama-drafter"],
     )
 
@@ -303,8 +309,10 @@ class S3Destination(StrictModel):
     credentials_secret: str | None = Field(
         default=None, pattern=SECRET_NAME_PATTERN,
         description="Name of an organisation secret holding this bucket's credentials as JSON "
-        '{"access_key_id", "secret_access_key", "endpoint_url"?, "region"?}; default: the deployment\'s '
-        "publishing credentials. Secret values are never accepted in a job body.",
+        '{"access_key_id", "secret_access_key", "endpoint_url"?, "region"?}; default: the organisation\'s secret '
+        "named s3.<bucket>, else s3. The deployment's own credentials are used only for buckets the operator "
+        "trusts (DRAFTSMITH_S3_TRUSTED_BUCKETS); without any of these the job is refused. Secret values are never "
+        "accepted in a job body.",
     )
 
     @field_validator("uri")
@@ -321,7 +329,10 @@ class HuggingFaceDestination(StrictModel):
     private: bool = Field(default=True, description="Create the repo as private.")
     token_secret: str | None = Field(
         default=None, pattern=SECRET_NAME_PATTERN,
-        description="Name of an organisation secret holding a Hub write token; default: the deployment's token.",
+        description="Name of an organisation secret holding a Hub token with write access to the repo (the value "
+        "is the token); default: the organisation's secret named hf.<namespace> (lowercase), else hf. The "
+        "deployment's own token is used only for namespaces the operator trusts "
+        "(DRAFTSMITH_HF_TRUSTED_NAMESPACES); without any of these the job is refused.",
     )
 
     @field_validator("repo")

@@ -4,7 +4,8 @@ Input: `resolve_drafter` turns a drafter reference (a warm start's `init.from_dr
 a local directory, like worker/sources.py does for targets:
 
     drf_...              one of the organisation's published drafters: its job's artifacts in object storage
-    hf://org/name[@rev]  a Hub repo holding a drafter (at its root, or under drafter/ as Draftsmith publishes)
+    hf://org/name[@rev]  a Hub repo holding a drafter (at its root, or under drafter/ as Draftsmith publishes), read
+                         with the organisation's own Hub token (worker/sources.py hub_token)
     s3://bucket/prefix   the same in a bucket (judged by the scoping rule before it is read: worker/sources.py)
     file:///path         below the allowed roots, after resolving symlinks
 
@@ -28,7 +29,8 @@ from api.models import Artifact, Drafter, Job
 from api.settings import Settings
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
 from trainer.errors import DraftsmithError
-from worker.sources import PRIVATE_BUCKET_HINT, Caller, Resolved, _fetch_hub, local_file, open_s3
+from worker.sources import (PRIVATE_BUCKET_HINT, Caller, Resolved, StorageNotAllowed, _fetch_hub, local_file,
+                            open_s3)
 
 DRAFTER_FILES = ("config.json", "*.safetensors", "report.json", "drafter/config.json", "drafter/*.safetensors")
 
@@ -47,10 +49,13 @@ def resolve_drafter(reference: str, ctx, org_id: str) -> Resolved:
         path = Path(local_file(reference, ctx.settings, "drafter", caller))
         return Resolved(_drafter_dir(path, reference))
     if reference.startswith("hf://"):
-        try:
-            fetched = _fetch_hub(reference, ctx.settings, cache, DRAFTER_FILES, repo_type="model")
+        try:  # with the organisation's own token, or the deployment's for a trusted namespace (worker/sources.py)
+            fetched = _fetch_hub(reference, ctx.settings, cache, DRAFTER_FILES, repo_type="model", caller=caller,
+                                 what="drafter")
+        except StorageNotAllowed:
+            raise
         except DraftsmithError as error:
-            raise DrafterNotFound(str(error).replace("target ", "drafter ", 1)) from None
+            raise DrafterNotFound(str(error)) from None
         return Resolved(_drafter_dir(Path(fetched.path), reference), fetched.revision)
     if reference.startswith("s3://"):
         return _from_s3(reference, ctx.settings, cache, caller)

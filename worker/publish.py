@@ -6,12 +6,15 @@
     hf  a private repo created if missing, the artifact folder uploaded in one commit (model card included);
         the commit sha is recorded on the job.
 
-Every s3 destination is judged by the scoping rule (api/storage_scope.py) before anything is copied anywhere: a
-destination inside Draftsmith's own storage is refused (only the service writes there), and another bucket is
-written with the organisation's own secret (the destination's `credentials_secret`, else `s3.<bucket>`, else `s3`),
-with the deployment's credentials only for DRAFTSMITH_S3_TRUSTED_BUCKETS. Secrets are stored encrypted and
-decrypted here only. They never appear in errors, events or logs: a failure says which destination and what the
-service answered, and any text that could echo a credential is scrubbed.
+Every destination is judged by the scoping rule (api/storage_scope.py, api/hub_access.py) before anything is
+copied anywhere: a destination inside Draftsmith's own storage is refused (only the service writes there), and
+another bucket is written with the organisation's own secret (the destination's `credentials_secret`, else
+`s3.<bucket>`, else `s3`), with the deployment's credentials only for DRAFTSMITH_S3_TRUSTED_BUCKETS; a Hub repo
+with the destination's `token_secret`, else the organisation's `hf.<namespace>`, else `hf`, with the deployment's
+token only for DRAFTSMITH_HF_TRUSTED_NAMESPACES, and never anonymously. Secrets are stored encrypted and
+decrypted by the worker only (worker/sources.py `open_s3`, `hub_token`). They never appear in errors, events or
+logs: a failure says which destination and what the service answered, and any text that could echo a credential
+is scrubbed.
 """
 
 from __future__ import annotations
@@ -25,13 +28,11 @@ from sqlalchemy import select
 
 from api import stage_runner as runner
 from api.models import Artifact, Job
-from api.redaction import register_secret_values
-from api.secrets import SecretUnavailable, secret_value
 from schemas.job_spec import HuggingFaceDestination, JobSpec, S3Destination
 from trainer.errors import DraftsmithError
 from worker.context import WorkerContext
 from worker.reporting import StageReporter
-from worker.sources import Caller, StorageNotAllowed, open_s3
+from worker.sources import Caller, StorageNotAllowed, hub_token, open_s3
 
 MULTIPART_BYTES = 8 << 20
 
@@ -48,6 +49,9 @@ def publish_job(ctx: WorkerContext, job: Job, spec: JobSpec, reporter: StageRepo
     s3_targets = {index: open_s3(destination.uri, ctx.settings, caller, what=f"publish[{index}]", write=True,
                                  explicit_secret=destination.credentials_secret)
                   for index, destination in enumerate(spec.publish) if isinstance(destination, S3Destination)}
+    hub_tokens = {index: hub_token(destination.repo, ctx.settings, caller, what=f"publish[{index}]", write=True,
+                                   explicit_secret=destination.token_secret)
+                  for index, destination in enumerate(spec.publish) if isinstance(destination, HuggingFaceDestination)}
     folder = _artifacts_here(ctx, job.id, reporter)
     manifest = json.loads((folder / "manifest.json").read_text())
     fingerprint = _fingerprint(folder)
@@ -59,9 +63,10 @@ def publish_job(ctx: WorkerContext, job: Job, spec: JobSpec, reporter: StageRepo
                 location, revision, url = _to_s3(client, bucket, prefix, job, destination, folder, manifest,
                                                  fingerprint)
             else:
-                location, revision, url = _to_hub(ctx, job, destination, folder, secrets)
-        except SecretUnavailable as exc:
-            raise PublishError(f"publish[{index}]: {exc}") from None
+                token = hub_tokens[index]
+                assert token, "hub_token refuses a publish without a token (write=True)"
+                secrets = [token]  # scrubbed from a failure's message
+                location, revision, url = _to_hub(ctx, job, destination, folder, token)
         except (PublishError, StorageNotAllowed):
             raise
         except Exception as exc:  # a library error: name the destination, never the credential
@@ -116,29 +121,15 @@ def _to_s3(client, bucket: str, prefix: str, job: Job, destination: S3Destinatio
 
 
 def _to_hub(ctx: WorkerContext, job: Job, destination: HuggingFaceDestination, folder: Path,
-            secrets: list[str]) -> tuple[str, str, str]:
+            token: str) -> tuple[str, str, str]:
     from huggingface_hub import HfApi
 
-    token = None
-    if destination.token_secret:
-        with ctx.session_factory() as session:
-            token = secret_value(session, ctx.settings, job.org_id, destination.token_secret)
-    elif ctx.settings.hf_token:
-        token = ctx.settings.hf_token.get_secret_value()
-    if token:
-        _hold(secrets, token)
     api = HfApi(endpoint=ctx.settings.hf_endpoint, token=token)
     repo_url = api.create_repo(destination.repo, private=destination.private, exist_ok=True, repo_type="model")
     commit = api.upload_folder(repo_id=destination.repo, folder_path=folder, repo_type="model",
                                commit_message=f"Draftsmith job {job.id}: DFlash drafter",
                                commit_description="Trained, validated lossless and exported by Draftsmith.")
     return str(repo_url), commit.oid, commit.commit_url
-
-
-def _hold(secrets: list[str], value: str) -> None:
-    """A credential in use: scrubbed from this failure's message, and from every log line of this process."""
-    secrets.append(value)
-    register_secret_values(value)
 
 
 def _describe(destination: S3Destination | HuggingFaceDestination) -> str:

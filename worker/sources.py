@@ -8,7 +8,9 @@ Before every fetch the URI is judged again by the one scoping rule (api/storage_
 accepted: the spec is read back from the database, and this worker may see other endpoints and disks than the
 API did. Inside Draftsmith's own storage only the organisation's own prefixes are readable (with the service's
 credentials); another bucket is read with the organisation's own secret (`s3.<bucket>`, else `s3`), the
-deployment's credentials only for DRAFTSMITH_S3_TRUSTED_BUCKETS, else anonymously (`open_s3`).
+deployment's credentials only for DRAFTSMITH_S3_TRUSTED_BUCKETS, else anonymously (`open_s3`). The Hub the same
+way (`hub_token`, api/hub_access.py): the organisation's `hf.<namespace>` or `hf` secret, the deployment's token
+only for DRAFTSMITH_HF_TRUSTED_NAMESPACES, else no token at all (public repos).
 
 Only the files a checkpoint needs are fetched (config, safetensors weights and index, tokenizer and chat
 template): pickle weights only when the job allows them, Python files only with trust_remote_code. Every
@@ -23,12 +25,13 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.hub_access import HUB_SECRETS_HINT, choose_hub_access
 from api.redaction import register_secret_values
-from api.secrets import SecretUnavailable, parse_s3_credentials, secret_value
+from api.secrets import SecretUnavailable, parse_hub_token, parse_s3_credentials, secret_value
 from api.settings import Settings
 from api.storage import s3_client
 from api.storage_scope import StorageScopeError, check_storage_uri, choose_s3_access, file_uri_path, tenant_for
@@ -45,6 +48,8 @@ CODE_FILES = ("*.py",)
 
 PRIVATE_BUCKET_HINT = ("check the bucket and key; a private bucket is read with your organisation's own credentials: "
                        "store them as the secret s3.<bucket> or s3 (PUT /v1/secrets/NAME)")
+PRIVATE_REPO_HINT = f"check the repo id and revision; a private repo is read with your organisation's own token: " \
+    f"{HUB_SECRETS_HINT}"
 
 
 class TargetNotFound(TargetError):
@@ -104,6 +109,32 @@ def open_s3(uri: str, settings: Settings, caller: Caller, *, what: str, write: b
     return s3_client(settings, **credentials), bucket, key, [raw, str(credentials["secret_access_key"])]
 
 
+def hub_token(repo: str, settings: Settings, caller: Caller, *, what: str, write: bool = False,
+              explicit_secret: str | None = None) -> str | Literal[False]:
+    """The token a Hub request for `repo` (`namespace/name`) may carry under the rule (api/hub_access.py): the
+    organisation's own secret, the deployment's token for a trusted namespace, else False, which huggingface_hub
+    takes as "no Authorization header" (None would send a token this machine has: HF_TOKEN, a cached login).
+    Raises StorageNotAllowed naming `what` and the fix."""
+    with caller.session_factory() as session:
+        try:
+            access = choose_hub_access(repo, settings, tenant_for(session, caller.org_id).secret_names(),
+                                       explicit_secret=explicit_secret, write=write)
+            if access.kind == "anonymous":
+                return False
+            if access.kind == "deployment":
+                assert settings.hf_token is not None  # choose_hub_access: a trusted namespace without one is anonymous
+                token = settings.hf_token.get_secret_value()
+            else:
+                assert access.secret is not None
+                token = parse_hub_token(secret_value(session, settings, caller.org_id, access.secret), access.secret)
+        except StorageScopeError as exc:
+            raise StorageNotAllowed(f"{what}: {exc}") from None
+        except SecretUnavailable as exc:
+            raise StorageNotAllowed(f"{what} hf://{repo}: {exc}") from None
+    register_secret_values(token)  # kept out of every log line of this process
+    return token
+
+
 def check_local(uri: str, settings: Settings, caller: Caller, what: str) -> None:
     """The scoping rule for a file:// URI (into the local storage root, or the worker's cache)."""
     with caller.session_factory() as session:
@@ -135,7 +166,7 @@ def resolve_target(uri: str, settings: Settings, cache: Path, *, caller: Caller,
     if uri.startswith("s3://"):
         return _fetch_s3_prefix(uri, settings, cache / "targets", patterns, caller)
     if uri.startswith("hf://"):
-        return _fetch_hub(uri, settings, cache / "targets", patterns, repo_type="model")
+        return _fetch_hub(uri, settings, cache / "targets", patterns, repo_type="model", caller=caller)
     raise TargetNotFound(f"target {uri!r}: unsupported scheme")
 
 
@@ -158,7 +189,8 @@ def resolve_prompts(source: str, settings: Settings, cache: Path, *, caller: Cal
     elif source.startswith("s3://"):
         resolved = _fetch_s3_object(source, settings, cache / "prompts", caller)
     elif source.startswith("hf://"):
-        fetched = _fetch_hub(source, settings, cache / "prompts", ("*.jsonl",), repo_type="dataset")
+        fetched = _fetch_hub(source, settings, cache / "prompts", ("*.jsonl",), repo_type="dataset",
+                             caller=caller)
         files = sorted(Path(fetched.path).rglob("*.jsonl"))
         chosen = next((f for f in files if f.name == "prompts.jsonl"), files[0] if len(files) == 1 else None)
         if chosen is None:
@@ -251,14 +283,17 @@ def _fetch_s3_object(uri: str, settings: Settings, cache: Path, caller: Caller) 
     return Resolved(str(local), head.get("ETag", "").strip('"') or None)
 
 
-def _fetch_hub(uri: str, settings: Settings, cache: Path, patterns: tuple[str, ...], *, repo_type: str) -> Resolved:
-    """Pin the revision to a commit first, then download only the allowed files of that commit."""
+def _fetch_hub(uri: str, settings: Settings, cache: Path, patterns: tuple[str, ...], *, repo_type: str,
+               caller: Caller, what: str | None = None) -> Resolved:
+    """Pin the revision to a commit first, then download only the allowed files of that commit, both with the token
+    the rule chooses for this organisation (`hub_token`). The pinning request always goes out with that token, so
+    a commit another organisation's token fetched into this cache is never handed to one that cannot read it."""
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     repo, _, revision = uri.removeprefix("hf://").partition("@")
-    token = settings.hf_token.get_secret_value() if settings.hf_token else None
-    what = "target" if repo_type == "model" else "prompts"
+    what = what or ("target" if repo_type == "model" else "prompts")
+    token = hub_token(repo, settings, caller, what=what)
     try:
         info = HfApi(endpoint=settings.hf_endpoint, token=token).repo_info(repo, revision=revision or None,
                                                                            repo_type=repo_type)
@@ -266,9 +301,9 @@ def _fetch_hub(uri: str, settings: Settings, cache: Path, patterns: tuple[str, .
         snapshot_download(repo, revision=info.sha, repo_type=repo_type, allow_patterns=list(patterns),
                           local_dir=local, endpoint=settings.hf_endpoint, token=token)
     except (RepositoryNotFoundError, RevisionNotFoundError):
-        raise TargetNotFound(f"{what} {uri}: the Hub has no such repo or revision (or it is private and the "
-                             "deployment's token cannot read it)") from None
+        raise TargetNotFound(f"{what} {uri}: the Hub has no such repo or revision, or it is private; "
+                             f"{PRIVATE_REPO_HINT}") from None
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else "no answer"
-        raise SourceUnavailable(f"{what} {uri}: the Hub answered {status}") from None
+        raise SourceUnavailable(f"{what} {uri}: the Hub answered {status}; {PRIVATE_REPO_HINT}") from None
     return Resolved(str(local), info.sha)
