@@ -1,6 +1,6 @@
 """Organisation secrets: credentials an organisation stores once and jobs reference by name
 (`publish[].credentials_secret`, `publish[].token_secret`) or by convention: `s3.<bucket>` / `s3` for its buckets
-(api/storage_scope.py), `hf.<namespace>` / `hf` for the Hub (api/hub_access.py). Job bodies never carry secret
+(api/storage_scope.py), `hf.<namespace>` / `hf` for the Hub (both api/storage_scope.py). Job bodies never carry secret
 values.
 
 Values are encrypted at rest with Fernet (AES-128-CBC + HMAC-SHA256) under a key derived from

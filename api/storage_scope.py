@@ -30,10 +30,17 @@ lists the bucket in `s3_trusted_buckets` (a shared models bucket, say; `*` in a 
 organisation is the operator). An organisation reads its own buckets
 with its own secret: the one a publish destination names (`credentials_secret`), else a secret named
 `s3.<bucket>`, else one named `s3`; without one a read is anonymous (public buckets only) and a publish refused
-(`choose_access` is the order). The Hugging Face Hub is an outside store of the same kind, with the same order:
-the token secret a destination names, else the organisation's `hf.<namespace>`, else the deployment's token for
-`hf_trusted_namespaces` only, else the organisation's `hf`, else anonymous (api/hub_access.py; Hub publish
-destinations are judged with the buckets, in `check_spec_storage`).
+(`choose_access` is the order).
+
+The Hugging Face Hub (`choose_hub_access`) is an outside store of the same kind: the deployment's `hf_token` may
+read private repos, or write to namespaces, that no customer should reach through the service. A Hub request
+carries the token secret a publish destination names (`token_secret`), else the organisation's secret
+`hf.<namespace>` (the repo's namespace, lowercase: `hf://Acme/llama` -> `hf.acme`), else the deployment's token
+only for a namespace the operator lists in `hf_trusted_namespaces` (`*` in development), else the organisation's
+`hf`, else no token at all: enough for public repos, never for a publish. A Hub secret's value is the token itself.
+The API cannot tell whether a repo it would read is private, so it judges only Hub publish destinations
+(`check_spec_storage`); the worker chooses the token before every fetch and publish (worker/sources.hub_token),
+and sends none as `token=False`, so huggingface_hub does not fall back to a token of the machine's.
 """
 
 from __future__ import annotations
@@ -54,6 +61,9 @@ from api.storage import check_key
 AWS_S3_HOST_RE = re.compile(r"^(?:[a-z0-9-]+\.)*s3(?:[.-][a-z0-9-]+)*\.amazonaws\.com(?:\.cn)?$")
 _SECRET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")  # schemas.job_spec.SECRET_NAME_PATTERN
 DEFAULT_S3_SECRET = "s3"
+DEFAULT_HUB_SECRET = "hf"
+HUB_SECRETS_HINT = ("store your own Hub token as the secret hf.<namespace> or hf (PUT /v1/secrets/NAME; the value is "
+                    "the token)")
 OWN_PREFIXES_HINT = "files/<your organisation id>/ or jobs/<one of your job ids>/"
 
 
@@ -294,7 +304,7 @@ class Access:
 
 def choose_access(*, own_secret: str, default_secret: str, trusted: bool, secret_names: Collection[str],
                   explicit_secret: str | None, write: bool, needed: str) -> Access:
-    """The one order for every outside store (S3 buckets here, Hub namespaces in api/hub_access.py): the secret
+    """The one order for every outside store (S3 buckets, Hub namespaces): the secret
     the spec names; else the organisation's secret for this very bucket or namespace (`own_secret`); else the
     deployment's credentials, when the operator trusts it; else the organisation's default secret; else none,
     which is enough to read public data and never enough to write (CredentialsNeeded with `needed`)."""
@@ -322,6 +332,33 @@ def choose_s3_access(bucket: str, settings: Settings, secret_names: Collection[s
         '({"access_key_id", "secret_access_key", "endpoint_url"?, "region"?}) and name the secret in '
         f"credentials_secret (or call it s3.{bucket} or s3); this deployment lends its own only to "
         "DRAFTSMITH_S3_TRUSTED_BUCKETS")
+
+
+# --- the Hugging Face Hub ---------------------------------------------------------------------------------------
+
+
+def hub_namespace(repo: str) -> str:
+    """The namespace (user or organisation) of a repo id `namespace/name`, lowercase as the Hub compares them; ''
+    for a namespace-less id (`gpt2`), which only `*` trusts."""
+    namespace, slash, _ = repo.partition("/")
+    return namespace.lower() if slash else ""
+
+
+def choose_hub_access(repo: str, settings: Settings, secret_names: Collection[str], *,
+                      explicit_secret: str | None = None, write: bool = False) -> Access:
+    """Whose token a request for `repo` (`namespace/name`, no revision) carries; CredentialsNeeded for a publish
+    with none. A trusted namespace counts as untrusted while the deployment has no token to lend it."""
+    namespace = hub_namespace(repo)
+    trusted = {name.lower() for name in settings.hf_trusted_namespaces}
+    listed = "*" in trusted or (namespace != "" and namespace in trusted)
+    needed = (f"publishing to the Hub repo {repo} needs a token with write access to it: name your organisation's "
+              f"secret in token_secret, or {HUB_SECRETS_HINT}; this deployment lends its own token only to "
+              "DRAFTSMITH_HF_TRUSTED_NAMESPACES" + (" (and has none: DRAFTSMITH_HF_TOKEN is not set)"
+                                                    if listed and settings.hf_token is None else ""))
+    return choose_access(own_secret=f"{DEFAULT_HUB_SECRET}.{namespace}" if namespace else "",
+                         default_secret=DEFAULT_HUB_SECRET, secret_names=secret_names,
+                         trusted=listed and settings.hf_token is not None, explicit_secret=explicit_secret,
+                         write=write, needed=needed)
 
 
 # --- at admission: every URI of a spec --------------------------------------------------------------------------
@@ -380,7 +417,6 @@ def tenant_for(session: object, org_id: str) -> Tenant:
 def check_spec_storage(session: object, settings: Settings, org_id: str, spec: object) -> None:
     """Refuse (422 naming each field) a spec with a URI its organisation may not use, or a publish destination
     (a bucket, a Hub repo) it has no usable credentials for. Reads need none: without a secret they go anonymous."""
-    from api.hub_access import choose_hub_access
     from api.problems import FieldError, InvalidRequest
 
     tenant = tenant_for(session, org_id)

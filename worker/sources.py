@@ -9,7 +9,7 @@ accepted: the spec is read back from the database, and this worker may see other
 API did. Inside Draftsmith's own storage only the organisation's own prefixes are readable (with the service's
 credentials); another bucket is read with the organisation's own secret (`s3.<bucket>`, else `s3`), the
 deployment's credentials only for DRAFTSMITH_S3_TRUSTED_BUCKETS, else anonymously (`open_s3`). The Hub the same
-way (`hub_token`, api/hub_access.py): the organisation's `hf.<namespace>` or `hf` secret, the deployment's token
+way (`hub_token`, `choose_hub_access`): the organisation's `hf.<namespace>` or `hf` secret, the deployment's token
 only for DRAFTSMITH_HF_TRUSTED_NAMESPACES, else no token at all (public repos).
 
 Only the files a checkpoint needs are fetched (config, safetensors weights and index, tokenizer and chat
@@ -29,12 +29,19 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.hub_access import HUB_SECRETS_HINT, choose_hub_access
 from api.redaction import register_secret_values
 from api.secrets import SecretUnavailable, parse_hub_token, parse_s3_credentials, secret_value
 from api.settings import Settings
 from api.storage import s3_client
-from api.storage_scope import StorageScopeError, check_storage_uri, choose_s3_access, file_uri_path, tenant_for
+from api.storage_scope import (
+    HUB_SECRETS_HINT,
+    StorageScopeError,
+    check_storage_uri,
+    choose_hub_access,
+    choose_s3_access,
+    file_uri_path,
+    tenant_for,
+)
 from schemas.bounds import resolved_path_within_roots
 from schemas.prompts import MAX_PROMPTS_PER_JOB
 from trainer.errors import DraftsmithError, TargetError
@@ -111,7 +118,7 @@ def open_s3(uri: str, settings: Settings, caller: Caller, *, what: str, write: b
 
 def hub_token(repo: str, settings: Settings, caller: Caller, *, what: str, write: bool = False,
               explicit_secret: str | None = None) -> str | Literal[False]:
-    """The token a Hub request for `repo` (`namespace/name`) may carry under the rule (api/hub_access.py): the
+    """The token a Hub request for `repo` (`namespace/name`) may carry under the rule (api/storage_scope.py): the
     organisation's own secret, the deployment's token for a trusted namespace, else False, which huggingface_hub
     takes as "no Authorization header" (None would send a token this machine has: HF_TOKEN, a cached login).
     Raises StorageNotAllowed naming `what` and the fix."""
@@ -122,7 +129,7 @@ def hub_token(repo: str, settings: Settings, caller: Caller, *, what: str, write
             if access.kind == "anonymous":
                 return False
             if access.kind == "deployment":
-                assert settings.hf_token is not None  # choose_hub_access: a trusted namespace without one is anonymous
+                assert settings.hf_token is not None  # choose_hub_access lends only a token it has
                 token = settings.hf_token.get_secret_value()
             else:
                 assert access.secret is not None

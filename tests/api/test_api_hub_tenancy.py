@@ -11,9 +11,8 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from api.hub_access import choose_hub_access, hub_namespace, hub_secret_name
 from api.settings import Settings
-from api.storage_scope import CredentialsNeeded
+from api.storage_scope import CredentialsNeeded, choose_hub_access, hub_namespace
 from api_harness import TEST_SECRET_KEY, Harness, build_harness, make_settings
 
 MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
@@ -29,7 +28,7 @@ def settings(**overrides) -> Settings:
 def test_whose_token_a_hub_request_carries():
     trusting = settings()
     assert trusting.hf_trusted_namespaces == ["draftsmith-models", "Shared"]
-    assert (hub_namespace("Acme/llama"), hub_secret_name("Acme/llama"), hub_secret_name("gpt2")) == ("acme", "hf.acme", "")
+    assert (hub_namespace("Acme/llama"), hub_namespace("gpt2")) == ("acme", "")
     own = {"hf.orgb"}
     assert choose_hub_access("orgb/model", trusting, own).secret == "hf.orgb"
     assert choose_hub_access("OrgB/model", trusting, own).secret == "hf.orgb"  # the Hub's namespaces ignore case
@@ -47,6 +46,7 @@ def test_whose_token_a_hub_request_carries():
     assert choose_hub_access("draftsmith-models/base", untokened, set()).kind == "anonymous"
     with pytest.raises(CredentialsNeeded, match="DRAFTSMITH_HF_TOKEN"):
         choose_hub_access("draftsmith-models/base", untokened, set(), write=True)
+    assert choose_hub_access("draftsmith-models/base", untokened, {"hf"}, write=True).secret == "hf"
     # Development is single-tenant (its one organisation is the operator): every namespace, unless set.
     development = Settings(env="development", hf_token=SecretStr(DEPLOYMENT_TOKEN))
     assert development.hf_trusted_namespaces == ["*"]
