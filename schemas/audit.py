@@ -16,7 +16,8 @@ from __future__ import annotations
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from schemas import recipe
-from schemas.job_spec import DataSpec, StrictModel, TargetSpec, ValidationSpec, _file_roots, check_drafter_ref
+from schemas.job_spec import (READ_CREDENTIALS, DataSpec, StrictModel, TargetSpec, ValidationSpec, _file_roots,
+                              check_drafter_ref)
 from schemas.sampling import SamplingParams
 
 KEEP_MIN_GAIN_RATIO = 0.9
@@ -52,7 +53,7 @@ class AuditSpec(StrictModel):
     drafter: str = Field(
         max_length=2048,
         description="A drafter of your organisation (`drf_...`) or the URI of a drafter directory / exported "
-        "artifact folder: hf://org/name[@revision], s3://bucket/prefix, file:///path.",
+        f"artifact folder: hf://org/name[@revision], s3://bucket/prefix, file:///path. {READ_CREDENTIALS}",
     )
     target: TargetSpec = Field(description="The (new) target checkpoint to measure the drafter against.")
     sampling: SamplingParams | None = Field(default=None, description="Default: the drafter's job's, else greedy.")

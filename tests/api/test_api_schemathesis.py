@@ -2,7 +2,8 @@
 whatever it generates, valid or deliberately invalid, the API never answers 5xx.
 
 Bounded: a fixed number of examples per operation and mode, no shrinking phase, derandomised, so
-the run is reproducible and stays well under a minute on a 2-core machine. (schemathesis' own
+the run is reproducible and takes well under a minute on a quiet 2-core machine (printed, not asserted:
+speed targets live in bench/). (schemathesis' own
 pytest plugin does not support pytest 9 yet, so each operation's strategy is driven directly.)
 """
 
@@ -24,7 +25,6 @@ from api.main import create_app
 from api_harness import Harness, build_harness, make_settings
 
 EXAMPLES_PER_OPERATION_AND_MODE = 25
-TIME_BUDGET_SECONDS = 60
 
 
 @pytest.fixture
@@ -72,7 +72,6 @@ def test_no_server_errors(fuzz_harness: Harness):
     successes = sum(n for status, n in statuses.items() if status < 300)
     assert successes > 0.05 * statuses.total(), statuses  # authenticated, and reaching the handlers
     print(f"fuzzed {len(exercised)} operation modes in {elapsed:.1f}s: {dict(statuses)}")
-    assert elapsed < TIME_BUDGET_SECONDS, f"fuzzing took {elapsed:.0f}s"
 
 
 def test_openapi_documents_every_error_as_problem_json():
