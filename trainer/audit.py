@@ -122,11 +122,11 @@ def recommend(tau: float, reference_tau: float | None, *, lossless: bool, same_f
 def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt], params: SamplingParams, *,
                   max_new_tokens: int, sampling_draws: int, reference_tau: float | None = None,
                   thresholds: AuditThresholds = AuditThresholds(),
-                  on_progress: Callable[[int, int], None] | None = None) -> dict:
+                  on_progress: Callable[[int, int, str], None] | None = None) -> dict:
     """Measure the drafter at `drafter_path` against `target` on `prompts`; see the module docstring.
     `reference_tau`: its tau on its own target; None reads the report.json beside it, if any.
     Raises IncompatibleDrafter (naming the mismatch) when it cannot run against this target at all."""
-    from trainer.validation.report import validate
+    from trainer.validation.report import timed_prompt_count, validate
 
     started = time.perf_counter()
     directory, report_file = drafter_directory(drafter_path)
@@ -162,7 +162,7 @@ def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt
         "sampling_parameters": params.model_dump(mode="json"),
         "validation_max_new_tokens": max_new_tokens,
         "target_fingerprint": target.fingerprint,
-        "tokens_generated": 2 * len(prompts) * max_new_tokens + sampling_draws,
+        "tokens_generated": (len(prompts) + 2 * timed_prompt_count(len(prompts))) * max_new_tokens + sampling_draws,
         "minutes": round((time.perf_counter() - started) / 60, 2),
     }
 
@@ -216,7 +216,7 @@ def audit_prompts(source: str, spec: AuditSpec) -> list[Prompt]:
 
 
 def run_audit(spec: AuditSpec, *, target: str, drafter: str, prompts: str = "builtin",
-              on_progress: Callable[[int, int], None] | None = None) -> dict:
+              on_progress: Callable[[int, int, str], None] | None = None) -> dict:
     """An audit from end to end, as `draftsmith audit` runs it here and the worker runs it for the service.
     `spec` is resolved (schemas.audit.resolved); `target`, `drafter`, `prompts` are local paths (or a bundled
     target name / `builtin`) the caller fetched from the spec's URIs."""

@@ -102,7 +102,8 @@ def parse_spec(body: dict):
 @click.option("--mask-token-id", type=int, default=None)
 @click.option("--steps", type=int, default=None, help=f"Training steps (default {recipe.TRAIN_STEPS}).")
 @click.option("--train-minutes", type=float, default=None,
-              help=f"Training time limit; stops with a checkpoint (default {recipe.TRAIN_MAX_MINUTES}).")
+              help="Training time budget: the learning-rate schedule is planned for it, so a slow machine trains fewer "
+                   f"steps to a finished decay (default {recipe.TRAIN_MAX_MINUTES}).")
 @click.option("--batch-size", type=int, default=None, help=f"Default {recipe.BATCH_SIZE}.")
 @click.option("--anchors", "anchors_per_sequence", type=int, default=None,
               help=f"Default {recipe.ANCHORS_PER_SEQUENCE}.")
@@ -151,10 +152,16 @@ def run(target_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, 
     with RunProgress() as progress:
         state = Run(config, out_dir, progress, Launch(nproc=nproc)).execute(resume=resume)
     report = json.loads((Path(out_dir) / "report.json").read_text())
+    sampling, speed = report["lossless"]["sampling"], report["speedup"]
     click.echo(json.dumps({
         "out": str(out_dir), "minutes": round(sum(s["seconds"] for s in state["stages"].values()) / 60, 1),
-        "tau": report["tau"], "greedy_mismatches": report["lossless"]["greedy"]["mismatches"],
-        "sampling_p_value": round(report["lossless"]["sampling"]["p_value"], 4),
-        "speedup": report["speedup"]["ratio"], "recommended_block_size": report["recommended_block_size"],
+        "train_steps": state["stages"]["train"].get("steps"), "tau": report["tau"],
+        "greedy_mismatches": report["lossless"]["greedy"]["mismatches"],
+        "sampling_test": sampling.get("status", "passed" if sampling["passed"] else "failed"),
+        "sampling_p_value": round(sampling["p_value"], 4),
+        "speedup": speed["ratio"], "speedup_ci95": speed.get("ratio_ci95"),
+        "recommended_block_size": report["recommended_block_size"],
     }, indent=2))
     click.echo(f"report: {Path(out_dir) / 'report.html'}")  # the same figures as charts; opens from disk
+    if "serving_advice" in report:  # last, so it is what a person reads: e.g. do not enable it on this hardware
+        click.echo(report["serving_advice"]["summary"])

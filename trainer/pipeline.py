@@ -237,10 +237,8 @@ class JobStages:
         return {"plan": store.meta["plan"], **store.summary()}
 
     def on_train_step(self, record: dict) -> None:
-        cfg = self.config.train
-        fraction = record["step"] / cfg.steps
-        if cfg.max_minutes:
-            fraction = max(fraction, record["elapsed_s"] / (cfg.max_minutes * 60))
+        # The schedule's own progress (steps or time budget, whichever ends the run first: training/schedule.py).
+        fraction = max(record["step"] / self.config.train.steps, record.get("progress", 0.0))
         self.hooks.progress(Stage.TRAIN, min(fraction, 1.0), f"step {record['step']} loss {record['loss']:.3f} "
                             f"tau~{record['train_tau_estimate']:.2f} {record['tokens_per_s']:.0f} tok/s")
         self.hooks.on_metrics(record["step"], step_metrics(record))
@@ -264,10 +262,10 @@ class JobStages:
         _, holdout = self.prompts()
         drafter = load_drafter(self.layout.drafter, self.target.device, self.target.dtype)
 
-        def on_progress(done: int, total: int) -> None:
+        def on_progress(done: int, total: int, detail: str) -> None:
             if self.hooks.should_stop():  # nothing to keep: validation starts over when the stage resumes
-                raise StageInterrupted(f"validation stopped on request after {done} of {total} prompts")
-            self.hooks.progress(Stage.VALIDATE, done / (total + 1), f"{done}/{total} prompts")
+                raise StageInterrupted(f"validation stopped on request ({detail})")
+            self.hooks.progress(Stage.VALIDATE, 0.95 * done / total, detail)
 
         report = validate(self.target, drafter, holdout[:self.config.validation_prompts], self.config.sampling,
                           max_new_tokens=self.config.validation_max_new_tokens,
@@ -285,7 +283,8 @@ class JobStages:
             report["engines"] = engine_step(self.target, self.layout.drafter, holdout[:self.config.validation_prompts],
                                             self.config.sampling, work_dir=self.layout.report.parent / "engines",
                                             engines=self.config.engines,
-                                            num_speculative_tokens=report["recommended_block_size"] - 1)
+                                            num_speculative_tokens=report["recommended_block_size"] - 1,
+                                            should_stop=self.hooks.should_stop)
         atomic_write_json(self.layout.report, report)
         self.hooks.on_saved(self.layout.report)
         require_passed(report)  # a drafter that changes the output is never exported
@@ -363,8 +362,10 @@ class Run:
                 raise DraftsmithError(f"{self.layout.out} already holds a run; pass --resume to continue it or "
                                       "choose another --out")
             self.state = json.loads(state_file.read_text())
-            # A setting added since the run began compares as its default (None), so old runs still resume.
-            changed = sorted(k for k in settings if settings[k] != self.state["config"].get(k))
+            # Read back through RunConfig, so a setting added since the run began compares as its default and an
+            # older run still resumes.
+            recorded = RunConfig.from_json(self.state["config"]).to_json()
+            changed = sorted(k for k in settings if settings[k] != recorded.get(k))
             if changed:
                 raise DraftsmithError(f"--resume with different settings ({', '.join(changed)}); use the same "
                                       "flags as the interrupted run, or a new --out")

@@ -74,8 +74,11 @@ def test_report_proves_losslessness_and_carries_every_figure(finished_run):
     out, _, _ = finished_run
     report = json.loads((out / "report.json").read_text())
     assert REPORT_KEYS <= set(report)
-    assert report["lossless"]["greedy"] == {"prompts": 3, "mismatches": 0, "first_divergence": None,
-                                            "block_size": report["recommended_block_size"]}
+    # The timed subset (a third of the prompts, at least 2) is decoded speculatively and checked token for token.
+    greedy = report["lossless"]["greedy"]
+    assert {k: greedy[k] for k in ("prompts", "mismatches", "first_divergence", "block_size")} == {
+        "prompts": 2, "mismatches": 0, "first_divergence": None, "block_size": report["recommended_block_size"]}
+    assert greedy["tokens"] > 0 and report["prompts"] == 3 and report["speedup"]["prompts"] == 2
     assert set(report["lossless"]["sampling"]) >= {"test", "p_value", "draws"}
     assert set(report["speedup"]) >= {"ar_tokens_per_s", "spec_tokens_per_s", "ratio"}
     assert len(report["tau_per_position"]) == 3 and 1.0 <= report["tau"] <= 4.0
@@ -122,6 +125,11 @@ def test_resume_skips_finished_stages(bpe_target_dir, tmp_path, monkeypatch):
     with pytest.raises(DraftsmithError, match="different settings"):
         Run(RunConfig(**{**config.__dict__, "block_size": 8}), tmp_path).execute(resume=True)
     monkeypatch.undo()
+    # A run begun by an older Draftsmith, before some settings existed, resumes (they compare as their defaults).
+    state_file = tmp_path / ".work" / "state.json"
+    state = json.loads(state_file.read_text())
+    del state["config"]["train"]["first_failure_only"], state["config"]["train"]["train_on_draft_vocab"]
+    state_file.write_text(json.dumps(state))
     seen = []
     Run(config, tmp_path, lambda stage, fraction, detail: seen.append((stage, detail))).execute(resume=True)
     assert ("train", "done earlier") in seen and ("generate", "done earlier") in seen

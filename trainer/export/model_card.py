@@ -23,11 +23,15 @@ def _figures(report: dict | None) -> str:
         f"| oracle tau (gold token anywhere in the top-K) | {report.get('oracle_tau')} |",
         f"| per-position conditional acceptance | {', '.join(str(a) for a in report['tau_per_position'])} |",
         f"| lossless, greedy | {greedy['mismatches']} mismatches over {greedy['prompts']} prompts |",
-        f"| lossless, sampling | p = {sampling['p_value']:.3g} ({sampling['draws']} draws; {sampling['test']}) |",
+        f"| lossless, sampling | {_sampling_line(sampling)} |",
         f"| decoding speed on the validation machine | {speed['ar_tokens_per_s']} -> {speed['spec_tokens_per_s']} "
-        f"tokens/s ({speed['ratio']}x, {speed['decoding']}) |",
+        f"tokens/s ({speed['ratio']}x{_interval(speed.get('ratio_ci95'))}, {speed['decoding']}) |",
         f"| recommended block size | {report['recommended_block_size']} |",
     ]
+    advice = report.get("serving_advice")
+    if advice:
+        lines = [f"**{'Recommendation' if advice['enable'] is not False else 'Not recommended here'}:** "
+                 f"{advice['summary']}.", ""] + lines
     costs = report.get("step_costs_ms")
     if costs:
         lines += ["", "Measured step costs (ms) per block size b, batch 1 on the validation machine: drafting "
@@ -40,6 +44,16 @@ def _figures(report: dict | None) -> str:
         lines += ["", "Acceptance by prompt category:", "", "| category | tau | cycles |", "|---|---|---|"]
         lines += [f"| {name} | {v['tau']} | {v['cycles']} |" for name, v in categories.items()]
     return "\n".join(lines) + "\n"
+
+
+def _interval(ci) -> str:
+    return f", 95 % interval {ci[0]}-{ci[1]}x" if ci else ""
+
+
+def _sampling_line(sampling: dict) -> str:
+    if sampling.get("status") == "inconclusive":
+        return f"not tested: {sampling['reason']}"
+    return f"p = {sampling['p_value']:.3g} ({sampling['draws']} draws; {sampling['test']})"
 
 
 def _best_llama_cpp(report: dict | None) -> dict | None:

@@ -24,17 +24,22 @@ class AcceptanceStats:
     """reached[k-1]: cycles that offered draft k with drafts 1..k-1 all accepted."""
     accepted_at: list[int] = field(default_factory=list)
     """accepted_at[k-1]: of those, cycles that accepted draft k."""
+    offered_at: list[int] = field(default_factory=list)
+    """offered_at[k-1]: cycles that offered a draft k at all (the denominator of unconditional acceptance)."""
     oracle_cycles: int = 0
     oracle_emitted: int = 0
 
     def __post_init__(self) -> None:
         self.reached = self.reached or [0] * (self.block_size - 1)
         self.accepted_at = self.accepted_at or [0] * (self.block_size - 1)
+        self.offered_at = self.offered_at or [0] * (self.block_size - 1)
 
     def add(self, tokens: list[int], cycles: list[Cycle]) -> None:
         for cycle in cycles:
             self.cycles += 1
             self.emitted += cycle.emitted
+            for k in range(1, cycle.offered + 1):
+                self.offered_at[k - 1] += 1
             for k in range(1, cycle.offered + 1):
                 if k > cycle.accepted + 1:
                     break
@@ -51,6 +56,15 @@ class AcceptanceStats:
     @property
     def per_position(self) -> list[float | None]:
         return [a / r if r else None for a, r in zip(self.accepted_at, self.reached, strict=True)]
+
+    def by_position(self) -> list[dict]:
+        """Per draft position k: the counts behind the conditional acceptance (a late position's 1.0 may rest on
+        two cycles), and the unconditional acceptance P(drafts 1..k all accepted)."""
+        return [{"position": k, "reached": reached, "accepted": accepted, "offered": offered,
+                 "conditional": round(accepted / reached, 4) if reached else None,
+                 "unconditional": round(accepted / offered, 4) if offered else None}
+                for k, (reached, accepted, offered) in enumerate(
+                    zip(self.reached, self.accepted_at, self.offered_at, strict=True), start=1)]
 
     @property
     def oracle_tau(self) -> float | None:

@@ -24,8 +24,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from trainer.errors import StageInterrupted
 from trainer.validation import engine_paths
 from trainer.validation.engine_llama_cpp import NGRAM_SIZE_M, NGRAM_SIZE_N, LlamaRun, run_server
 
@@ -113,14 +115,17 @@ def llama_cpp_runs(bin_dir: Path, targets: dict[str, Path], drafters: dict[str, 
                    prompts: list[list[int]], max_tokens: int, log_dir: Path,
                    names: dict[Path, str] | None = None, threads: int = 1,
                    draft_lengths: tuple[int, ...] = DRAFT_LENGTHS, p_mins: tuple[float, ...] = P_MINS,
-                   deadline: float = float("inf")) -> list[dict]:
+                   deadline: float = float("inf"), should_stop: Callable[[], bool] = lambda: False) -> list[dict]:
     """Per target GGUF: alone, n-gram, the first drafter over the grid, the others at the grid's best.
-    `names`: how the commands name the files (e.g. relative to the export)."""
+    `names`: how the commands name the files (e.g. relative to the export). `should_stop` is asked before
+    every run (each is one short server life): True raises StageInterrupted."""
     lengths = sorted({min(n, block_size - 1) for n in draft_lengths})
     rows = []
     for target_name, target_gguf in targets.items():
         def run(name, **kw):
             spec = LlamaRun(f"{target_name}-{name}", target_gguf, **kw)
+            if should_stop():
+                raise StageInterrupted("validation stopped on request (the engine step, in llama.cpp)")
             if time.monotonic() > deadline:
                 rows.append({"name": spec.name, "spec": spec.spec, "target": target_name, "n_max": spec.n_max,
                              "p_min": spec.p_min, "error": "not run: the engine step's time was spent"})
@@ -146,7 +151,8 @@ def llama_cpp_runs(bin_dir: Path, targets: dict[str, Path], drafters: dict[str, 
 
 
 def vllm_runs(python: Path, target, drafter_folder: Path, num_speculative_tokens: int, prompts: list[list[int]],
-              max_tokens: int, work: Path, threads: int, baselines: bool = True, timeout: float = BUDGET_S) -> dict:
+              max_tokens: int, work: Path, threads: int, baselines: bool = True, timeout: float = BUDGET_S,
+              should_stop: Callable[[], bool] = lambda: False) -> dict:
     import json
 
     job = {"target": str(target.path), "prompts": prompts, "max_tokens": max_tokens, "dtype": "float32",
@@ -166,11 +172,18 @@ def vllm_runs(python: Path, target, drafter_folder: Path, num_speculative_tokens
            "OMP_NUM_THREADS": str(threads)}
     driver = Path(__file__).with_name("vllm_driver.py")
     with open(work / "vllm.log", "wb") as log:
-        try:
-            subprocess.run([str(python), str(driver), str(work / "vllm-job.json"), str(result_file)], env=env,
-                           stdout=log, stderr=subprocess.STDOUT, timeout=max(60.0, timeout), check=False)
-        except subprocess.TimeoutExpired:
-            pass  # what finished is in the result file
+        driver_process = subprocess.Popen([str(python), str(driver), str(work / "vllm-job.json"), str(result_file)],
+                                          env=env, stdout=log, stderr=subprocess.STDOUT)
+        ends = time.monotonic() + max(60.0, timeout)
+        try:  # polled, so a cancel stops it within a second; past its time, what finished is in the result file
+            while driver_process.poll() is None and time.monotonic() < ends:
+                if should_stop():
+                    raise StageInterrupted("validation stopped on request (the engine step, in vLLM)")
+                time.sleep(1.0)
+        finally:
+            if driver_process.poll() is None:
+                driver_process.kill()
+                driver_process.wait()
     if not result_file.is_file():
         tail = (work / "vllm.log").read_text(errors="replace")[-1500:]
         return {"error": f"vLLM produced no result; log tail: {tail}", "runs": []}
@@ -203,7 +216,8 @@ def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_t
                 work_dir: Path, engines: tuple[str, ...] | None = None, max_new_tokens: int = ENGINE_MAX_NEW_TOKENS,
                 num_speculative_tokens: int | None = None, export_dir: Path | None = None,
                 llama_targets: tuple[str, ...] = ("quantised", "f16"), draft_lengths: tuple[int, ...] = DRAFT_LENGTHS,
-                p_mins: tuple[float, ...] = P_MINS, vllm_baselines: bool = True, budget_s: float = BUDGET_S) -> dict:
+                p_mins: tuple[float, ...] = P_MINS, vllm_baselines: bool = True, budget_s: float = BUDGET_S,
+                should_stop: Callable[[], bool] = lambda: False) -> dict:
     """The `engines` section of report.json. `prompts`: rendered token ids; `reference_tokens`: our float32
     target's greedy output for each (at `max_new_tokens`). `export_dir`: an export to run as is (else the drafter
     is exported into work_dir first, as `draftsmith export` would). `engines`: which to run (None: those found)."""
@@ -253,7 +267,8 @@ def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_t
         names = {path: f"./{path.relative_to(export_dir)}" for path in drafters.values()}
         names.update({path: f"target-{name}.gguf" for name, path in targets.items()})
         runs = llama_cpp_runs(found["llama.cpp"], targets, drafters, block, prompts, max_new_tokens,
-                              work_dir / "llama-cpp-logs", names, threads, draft_lengths, p_mins, deadline)
+                              work_dir / "llama-cpp-logs", names, threads, draft_lengths, p_mins, deadline,
+                              should_stop)
         reasons = {"f16": "the engine's target is not the float32 reference: f16 weights, and llama.cpp's CPU "
                           "matmuls round activations to f16 for f16 weights",
                    "q4_1": "the engine's target is not the float32 reference: 4-bit (Q4_1) weights, and "
@@ -270,7 +285,7 @@ def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_t
     if "vllm" in wanted and found["vllm"] is not None:
         folder = export_dir / (D2T_DIR if has_d2t and config.variant == "dflash" else REFERENCE_DIR)
         result = vllm_runs(found["vllm"], target, folder, k, prompts, max_new_tokens, work_dir / "vllm", threads,
-                           vllm_baselines, deadline - time.monotonic())
+                           vllm_baselines, deadline - time.monotonic(), should_stop)
         section["vllm"] = {"version": result.get("vllm_version"), "folder": f"./{folder.name}",
                            "environment": f"VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS={threads} "
                                           "VLLM_CPU_KVCACHE_SPACE=1"}
@@ -302,7 +317,7 @@ def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_t
 def engine_step(target, drafter_dir: Path, prompts: list, params, *, work_dir: Path | None = None,
                 engines: tuple[str, ...] | None = None, num_prompts: int = ENGINE_PROMPTS,
                 max_new_tokens: int = ENGINE_MAX_NEW_TOKENS, num_speculative_tokens: int | None = None,
-                export_dir: Path | None = None, **options) -> dict:
+                export_dir: Path | None = None, should_stop: Callable[[], bool] = lambda: False, **options) -> dict:
     """Validation's engine step on held-out `prompts` (trainer.data.prompts.Prompt): renders them with the job's
     chat template, decodes them with our float32 target as the reference, and runs `run_engines`."""
     from trainer.speculative import SpeculativeDecoder
@@ -319,6 +334,7 @@ def engine_step(target, drafter_dir: Path, prompts: list, params, *, work_dir: P
     with tempfile.TemporaryDirectory(prefix="draftsmith-engines-") as scratch:
         section = run_engines(target, drafter_dir, rendered, reference, work_dir=Path(work_dir or scratch),
                               engines=engines, max_new_tokens=max_new_tokens,
-                              num_speculative_tokens=num_speculative_tokens, export_dir=export_dir, **options)
+                              num_speculative_tokens=num_speculative_tokens, export_dir=export_dir,
+                              should_stop=should_stop, **options)
     section["prompt_ids"] = [p.id for p in prompts[:num_prompts]]
     return section

@@ -20,6 +20,7 @@ resamples from p after a rejection, on SmolLM2 with the default settings.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 
 import torch
 from scipy.stats import chi2, chisquare, kstest
@@ -87,12 +88,17 @@ def randomized_pit(probs: torch.Tensor, token: int, uniform: float) -> float:
 
 
 def sampling_lossless_test(decoder: SpeculativeDecoder, prompts: list[list[int]], params: SamplingParams, *,
-                           draws: int = 300, tokens: int = 3, seed: int = 0) -> dict:
+                           draws: int = 300, tokens: int = 3, seed: int = 0,
+                           on_prompt: Callable[[], None] | None = None) -> dict:
     """Run the test over `prompts` (draws split evenly); params.temperature must be > 0 (callers test greedy
     jobs at T=1). Two statistics over the same draws, combined with Bonferroni: the grouped chi-square
     (every tested prefix's next-token counts against the exact probabilities) and a Kolmogorov-Smirnov test
     that the randomised PIT values of every token drawn by a draft-verify cycle are uniform (no grouping, so
-    every speculative token counts; most sensitive to a decoder that over- or under-draws likely tokens)."""
+    every speculative token counts; most sensitive to a decoder that over- or under-draws likely tokens).
+
+    `status` is "tested" when the chi-square part tested at least one prefix (the caller compares p_value with
+    its alpha), "inconclusive" when it could test none: too few draws per prompt, never a pass. `on_prompt`
+    follows every prompt's draws (a caller may stop there)."""
     if params.greedy:
         raise ValueError("the sampling test needs temperature > 0")
     params = params.model_copy(update={"max_new_tokens": tokens})
@@ -126,9 +132,19 @@ def sampling_lossless_test(decoder: SpeculativeDecoder, prompts: list[list[int]]
                     statistic, degrees, groups = statistic + value, degrees + cells - 1, groups + 1
                     tested_draws += prefixes[prefix]
                     by_depth[depth + 1] += 1
+        if on_prompt:
+            on_prompt()
     chi_p = float(chi2.sf(statistic, degrees)) if degrees else 1.0
     ks_p = float(kstest(pit, "uniform").pvalue) if pit else 1.0
+    status, reason = "tested", None
+    if not degrees:
+        status = "inconclusive"
+        reason = (f"no prefix was drawn {MIN_GROUP} times or more ({per_prompt} draws on each of {len(prompts)} "
+                  f"prompts), so no token could be tested against the target's distribution; set "
+                  f"validation.sampling_draws to at least {MIN_GROUP * len(prompts)} "
+                  f"({MIN_GROUP} per prompt), {10 * MIN_GROUP * len(prompts)} to test later tokens too")
     return {
+        "status": status, "reason": reason,
         "test": f"first {tokens} sampled tokens of {per_prompt} draws on each of {len(prompts)} prompts against the "
                 "target's exact distribution given their prefix: chi-square over prefixes drawn >= "
                 f"{MIN_GROUP} times (cells expected < 5 pooled) and KS uniformity of the randomised PIT of every "
