@@ -97,3 +97,22 @@ def test_exact_distribution_sums_to_one(peaked_target):
     exact = exact_sequence_probs(peaked_target, CASES[1][1])
     assert abs(sum(exact.values()) - 1.0) < 1e-4
     assert all(len(seq) == NEW_TOKENS for seq in itertools.islice(exact, 10))
+
+
+def test_a_sampling_test_that_could_test_nothing_is_inconclusive_not_passed(peaked_target):
+    """Too few draws for any prefix to be tested: the test says so and what would fix it; the validation verdict
+    then refuses a sampling job (its proof is that test) and reports a greedy job's check as not tested."""
+    from trainer.validation.report import SamplingInconclusive, require_passed
+    from trainer.validation.sampling_test import MIN_GROUP, sampling_lossless_test
+
+    drafter = random_drafter(peaked_target, "dflash2", block_size=3, selector_top_k=8, selector_rank=8, scale=0.5)
+    decoder = SpeculativeDecoder(peaked_target, drafter, block_size=3)
+    few = sampling_lossless_test(decoder, [PROMPT, PROMPT[:2]], SamplingParams(temperature=1.0), draws=MIN_GROUP)
+    assert few["status"] == "inconclusive" and few["degrees_of_freedom"] == 0
+    assert f"validation.sampling_draws to at least {2 * MIN_GROUP}" in few["reason"]
+    enough = sampling_lossless_test(decoder, [PROMPT], SamplingParams(temperature=1.0), draws=200)
+    assert enough["status"] == "tested" and enough["degrees_of_freedom"] > 0
+
+    report = {"passed": False, "lossless": {"greedy": {"mismatches": 0}, "sampling": {**few, "passed": False}}}
+    with pytest.raises(SamplingInconclusive, match="could not test anything"):
+        require_passed(report)
