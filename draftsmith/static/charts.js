@@ -2,9 +2,10 @@
  * `report.html` inlines (see README.md beside this file for why it lives here).
  *
  * A classic script, not an ES module, so the report can inline it inside a plain <script> and open
- * from disk. It needs uPlot (vendor/uPlot.iife.min.js) loaded first and defines window.DraftsmithCharts.
+ * from disk. It needs uPlot (vendor/uPlot.iife.min.js) loaded first and defines window.DraftsmithCharts;
+ * bar_charts.js, loaded after it, adds the bar charts to that object.
  *
- * Every chart is a <figure> with a caption, a canvas (role="img" with a text summary) and the same
+ * Every chart is a <figure> with a caption, the chart (role="img" with a text summary) and the same
  * numbers as a table under "Data": canvas charts are invisible to screen readers, tables are not.
  * Inputs are read defensively: report.json gains keys over time and older reports lack some, so a
  * missing value draws an empty chart with a note instead of throwing.
@@ -15,6 +16,8 @@
   // Okabe-Ito: distinguishable with the common colour-vision deficiencies, 3:1 or more against white.
   const PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#8B6A00", "#3F7FBF", "#000000"];
   const HEIGHT = 240;
+  const CLIP_MIN_POINTS = 10;
+  const CLIP_LEADING_SHARE = 0.1;
 
   function el(tag, attrs, children) {
     const node = document.createElement(tag);
@@ -41,6 +44,12 @@
 
   function colour(index) {
     return PALETTE[index % PALETTE.length];
+  }
+
+  /** The last number of a list (null if none). */
+  function latest(values) {
+    for (let i = values.length - 1; i >= 0; i--) if (isNumber(values[i])) return values[i];
+    return null;
   }
 
   /* ---- turning inputs into series ------------------------------------------------------- */
@@ -97,6 +106,24 @@
     return [xs, ...ys];
   }
 
+  /**
+   * A y range that keeps the first steps' outliers (a loss of 62 at step 1 when the run settles near 3)
+   * from flattening everything after them: the axis stops a little above the highest value of the last
+   * 90 % of the points, when the full range would squeeze those to less than half the chart's height.
+   * Returns {range, above: [[x, y]...]} (the points left above the axis, all among the first 10 %) or null.
+   */
+  function clipLeadingOutliers(x, y) {
+    const points = x.map((step, i) => [step, y[i]]).filter((p) => isNumber(p[1]));
+    if (points.length < CLIP_MIN_POINTS) return null;
+    const tail = points.slice(Math.ceil(points.length * CLIP_LEADING_SHARE)).map((p) => p[1]);
+    const low = Math.min(...points.map((p) => p[1]));
+    const high = Math.max(...points.map((p) => p[1]));
+    const tailHigh = Math.max(...tail);
+    if (tailHigh - low >= 0.5 * (high - low)) return null;
+    const top = tailHigh + 0.1 * (tailHigh - low);
+    return { range: [low - 0.05 * (top - low), top], above: points.filter((p) => p[1] > top) };
+  }
+
   /* ---- figures -------------------------------------------------------------------------- */
 
   function figure(container, opts, table) {
@@ -123,6 +150,7 @@
 
   function mount(host, options, data) {
     const plot = new global.uPlot({ width: widthOf(host), height: HEIGHT, ...options }, data, host);
+    host.plot = plot; // the instance, for the browser tests and for a look from the console
     if (global.ResizeObserver) {
       // The figure's width follows the page; keep the canvas in step instead of overflowing it.
       const observer = new ResizeObserver(() => {
@@ -134,14 +162,15 @@
     return plot;
   }
 
-  function axes(xLabel, yLabel, xValues) {
-    const x = { label: xLabel, stroke: "#333", grid: { stroke: "#e5e5e5" } };
-    if (xValues) x.values = xValues;
-    return [x, { label: yLabel, stroke: "#333", grid: { stroke: "#e5e5e5" }, size: 56 }];
+  function axes(xLabel, yLabel) {
+    return [{ label: xLabel, stroke: "#333", grid: { stroke: "#e5e5e5" } },
+      { label: yLabel, stroke: "#333", grid: { stroke: "#e5e5e5" }, size: 56 }];
   }
 
   /**
-   * Lines over a numeric x axis. series: [{label, x, y}]. Returns the uPlot instance (or null).
+   * Lines over a numeric x axis. series: [{label, x, y}]; opts.yRange: [min, max]. The legend shows the
+   * values under the cursor, and each series' latest value while the cursor is off the chart (uPlot's
+   * own text there is a bare "--"). Returns the uPlot instance (or null).
    */
   function lineChart(container, opts) {
     const series = (opts.series || []).filter((s) => s.x && s.x.length);
@@ -151,118 +180,61 @@
     const { canvasHost } = figure(container, { ...opts, note: series.length ? opts.note : opts.empty || "No data yet." },
                                   dataTable([opts.xLabel, ...series.map((s) => s.label)], rows));
     if (!series.length) return null;
+    const lastX = data[0][data[0].length - 1];
+    const idle = (idx) => idx === null || idx === undefined;
     return mount(canvasHost, {
       scales: { x: { time: false }, y: opts.yRange ? { range: opts.yRange } : {} },
       axes: axes(opts.xLabel, opts.yLabel),
-      series: [{ label: opts.xLabel }, ...series.map((s, i) => ({
-        label: s.label, stroke: colour(i), width: 2, spanGaps: true,
-        points: { show: opts.points === undefined ? data[0].length <= 40 : opts.points },
-      }))],
+      series: [{ label: opts.xLabel, value: (u, v, i, idx) => (idle(idx) ? `${lastX} (latest)` : String(v)) },
+        ...series.map((s, i) => {
+          const last = latest(data[i + 1]);
+          return {
+            label: s.label, stroke: colour(i), width: 2, spanGaps: true,
+            value: (u, v, j, idx) => fmt(idle(idx) ? last : v, 4),
+            points: { show: opts.points === undefined ? data[0].length <= 40 : opts.points },
+          };
+        })],
     }, data);
   }
 
-  /**
-   * Values per named category. One series draws bars; several draw dots, each series shifted a
-   * little along x so that none hides another (comparisons), joined by a dashed line when the
-   * categories are ordered (opts.connect). series: [{label, values}] with values[i] for categories[i].
-   */
-  function categoryChart(container, opts) {
-    const categories = opts.categories || [];
-    const series = (opts.series || []).filter((s) => (s.values || []).some(isNumber));
-    const rows = categories.map((c, i) => [String(c), ...series.map((s) => fmt(s.values[i], 4))]);
-    const { canvasHost } = figure(container, { ...opts, note: series.length ? opts.note : opts.empty || "No data yet." },
-                                  dataTable([opts.xLabel, ...series.map((s) => s.label)], rows));
-    if (!series.length || !categories.length) return null;
-    const bars = series.length === 1 && global.uPlot.paths && global.uPlot.paths.bars;
-    const shift = (j) => (series.length === 1 ? 0 : (j - (series.length - 1) / 2) * Math.min(0.6 / series.length, 0.2));
-    const data = align(series.map((s, j) => ({ x: categories.map((_, i) => i + shift(j)), y: categories.map((_, i) => nullable(s.values[i])) })));
-    const nameAt = (v) => categories[Math.round(v)];
-    const xAxis = axes(opts.xLabel, opts.yLabel, (u, splits) => splits.map((v) => (nameAt(v) === undefined ? "" : String(nameAt(v)))));
-    xAxis[0].splits = () => categories.map((_, i) => i);
-    return mount(canvasHost, {
-      scales: { x: { time: false, range: [-0.6, categories.length - 0.4] }, y: { range: opts.yRange || ((u, min, max) => [0, (max > 0 ? max : 1) * 1.1]) } },
-      axes: xAxis,
-      series: [{ label: opts.xLabel, value: (u, v) => (v === null || nameAt(v) === undefined ? "–" : String(nameAt(v))) },
-        ...series.map((s, i) => (bars
-          ? { label: s.label, stroke: colour(i), fill: colour(i) + "cc", width: 1,
-              paths: global.uPlot.paths.bars({ size: [0.6, 64] }), points: { show: false } }
-          : { label: s.label, stroke: colour(i), width: opts.connect ? 1.5 : 0, spanGaps: true,
-              paths: opts.connect ? undefined : () => null, dash: opts.connect ? [4, 3] : undefined,
-              points: { show: true, size: 11, width: 2, fill: colour(i), stroke: colour(i) } })),
-      ],
-    }, data);
-  }
-
-  /* ---- the report's charts (report.json in, figures out) ------------------------------- */
-
-  /** Conditional acceptance per block position (tau_per_position) for one or more reports. */
-  function acceptanceByPosition(container, runs) {
-    const width = Math.max(0, ...runs.map((r) => ((r.report && r.report.tau_per_position) || []).length));
-    const categories = Array.from({ length: width }, (_, i) => i + 1);
-    const series = runs.map((r) => ({ label: r.label, values: ((r.report && r.report.tau_per_position) || []).map(nullable) }));
-    const summary = series.map((s) => `${s.label}: ${s.values.map((v) => fmt(v, 2)).join(", ")}`).join("; ");
-    return categoryChart(container, {
-      id: "acceptance-by-position", title: "Acceptance by draft position",
-      summary: `Conditional acceptance per draft position. ${summary}`, xLabel: "draft position", yLabel: "P(accepted)",
-      categories, series, yRange: [0, 1], connect: true, empty: "No validation report yet.",
-    });
-  }
-
-  /** tau per prompt category (acceptance_by_category) for one or more reports. */
-  function acceptanceByCategory(container, runs) {
-    const names = Array.from(new Set(runs.flatMap((r) => Object.keys((r.report && r.report.acceptance_by_category) || {})))).sort();
-    const series = runs.map((r) => ({
-      label: r.label,
-      values: names.map((n) => nullable((((r.report && r.report.acceptance_by_category) || {})[n] || {}).tau)),
-    }));
-    const summary = series.map((s) => `${s.label}: ` + names.map((n, i) => `${n} ${fmt(s.values[i], 2)}`).join(", ")).join("; ");
-    return categoryChart(container, {
-      id: "acceptance-by-category", title: "τ by prompt category",
-      summary: `Mean acceptance length per prompt category. ${summary}`, xLabel: "category", yLabel: "τ",
-      categories: names, series, empty: "This report has no per-category acceptance.",
-    });
-  }
-
-  /** Estimated speedup and expected τ for each block size up to the trained one. */
-  function speedupByBlockSize(container, report) {
-    const speedups = (report && report.estimated_speedup_by_block_size) || {};
-    const sizes = Object.keys(speedups).map(Number).filter(Number.isFinite).sort((a, b) => a - b);
-    return categoryChart(container, {
-      id: "speedup-by-block-size", title: "Estimated speedup by block size",
-      summary: `Estimated speedup per block size: ${sizes.map((b) => `${b}: ${fmt(speedups[b], 2)}×`).join(", ")}. ` +
-        `Recommended: ${report && report.recommended_block_size}.`,
-      xLabel: "block size", yLabel: "speedup ×", categories: sizes,
-      series: [{ label: "estimated speedup", values: sizes.map((b) => nullable(speedups[b])) }],
-      empty: "This report has no per-block-size estimate.",
-    });
-  }
+  /* ---- the training curves -------------------------------------------------------------- */
 
   /** The loss curve of a training run (see trainingFromRecords / trainingFromSeries). */
   function lossCurve(container, training) {
     const loss = (training && training.loss) || { x: [], y: [] };
-    const last = loss.y.filter(isNumber).slice(-1)[0];
+    const last = latest(loss.y);
+    const clip = clipLeadingOutliers(loss.x, loss.y);
+    let note;
+    if (clip) {
+      const peak = clip.above.reduce((a, b) => (b[1] > a[1] ? b : a));
+      const steps = clip.above.length === 1 ? `step ${clip.above[0][0]}`
+        : `${clip.above.length} of the first logged steps (${clip.above[0][0]}–${clip.above[clip.above.length - 1][0]})`;
+      note = `Y axis clipped at ${fmt(clip.range[1], 2)} so the rest of the run stays readable: ${steps} ` +
+             `lie above it, up to ${fmt(peak[1], 2)} at step ${peak[0]}. Hover, or open Data, for every value.`;
+    }
     return lineChart(container, {
-      id: "loss", title: "Training loss", xLabel: "step", yLabel: "loss",
-      summary: `Training loss over ${loss.x.length} logged steps; latest ${fmt(last, 3)}.`,
+      id: "loss", title: "Training loss", xLabel: "step", yLabel: clip ? "loss (axis clipped)" : "loss",
+      summary: `Training loss over ${loss.x.length} logged steps; latest ${fmt(last, 3)}.${note ? ` ${note}` : ""}`,
       series: loss.x.length ? [{ label: "loss", x: loss.x, y: loss.y }] : [], empty: "No training metrics yet.",
+      yRange: clip ? clip.range : undefined, note,
     });
   }
 
   /** Training accuracy of each block position over steps. */
   function positionAccuracyCurves(container, training) {
     const positions = (training && training.positions) || [];
-    const latest = positions.map((p) => `position ${p.position} ${fmt(p.y.filter(isNumber).slice(-1)[0], 2)}`).join(", ");
+    const summary = positions.map((p) => `position ${p.position} ${fmt(latest(p.y), 2)}`).join(", ");
     return lineChart(container, {
       id: "position-accuracy", title: "Training accuracy by draft position", xLabel: "step", yLabel: "accuracy",
-      summary: `Training accuracy per draft position over steps; latest: ${latest || "none"}.`, yRange: [0, 1],
+      summary: `Training accuracy per draft position over steps; latest: ${summary || "none"}.`, yRange: [0, 1],
       series: positions.map((p) => ({ label: `position ${p.position}`, x: p.x, y: p.y })),
       empty: "No per-position accuracy recorded yet.",
     });
   }
 
   global.DraftsmithCharts = {
-    PALETTE, fmt, isNumber, el, dataTable,
-    trainingFromRecords, trainingFromSeries, positionMetricNames, lineChart, categoryChart,
-    acceptanceByPosition, acceptanceByCategory, speedupByBlockSize, lossCurve, positionAccuracyCurves,
+    PALETTE, colour, fmt, isNumber, nullable, el, dataTable,
+    trainingFromRecords, trainingFromSeries, positionMetricNames, lineChart, clipLeadingOutliers,
+    lossCurve, positionAccuracyCurves,
   };
 })(typeof window !== "undefined" ? window : this);

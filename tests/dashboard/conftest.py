@@ -14,6 +14,7 @@ import os
 import secrets
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,8 @@ from api.db import upgrade  # noqa: E402
 from api.deps import Services, services_for  # noqa: E402
 from api.main import create_app  # noqa: E402
 from api_harness import make_settings  # noqa: E402
-from dashboard_browser import SAVED  # noqa: E402
-from dashboard_job_driver import JobDriver  # noqa: E402
+from dashboard_browser import SAVED, TIMEOUT_MS, sign_in  # noqa: E402
+from dashboard_job_driver import JobDriver, sample_records, sample_report  # noqa: E402
 from dashboard_live_server import CuttableProxy, LiveServer  # noqa: E402
 
 CHROMIUM = os.environ.get("DRAFTSMITH_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -112,10 +113,10 @@ def chromium():
         browser.close()
 
 
-@pytest.fixture
-def page(chromium, dashboard: Dashboard):
-    """A fresh browser context (empty session storage) on the dashboard; fails the test on a script error
-    or a Content-Security-Policy violation."""
+@contextmanager
+def dashboard_page(chromium, dashboard: Dashboard):
+    """A fresh browser context (empty session storage) on the dashboard; fails on a script error or a
+    Content-Security-Policy violation."""
     context = chromium.new_context(base_url=dashboard.url, viewport={"width": 1280, "height": 900},
                                    accept_downloads=True)
     context.grant_permissions(["clipboard-read", "clipboard-write"], origin=dashboard.url)
@@ -127,6 +128,32 @@ def page(chromium, dashboard: Dashboard):
     yield page
     context.close()
     assert not problems, f"the page reported errors: {problems}"
+
+
+@pytest.fixture
+def page(chromium, dashboard: Dashboard):
+    with dashboard_page(chromium, dashboard) as page:
+        yield page
+
+
+@pytest.fixture(scope="module")
+def finished_job(dashboard: Dashboard) -> dict:
+    """One job run to success with the sample report and curves, shared by the tests that only read it."""
+    job = dashboard.create_job({"target": {"uri": "bundled:smollm2-135m"}, "name": "finished, read by several tests"})
+    dashboard.driver.run_to_success(job["id"], sample_report(), sample_records())
+    return job
+
+
+@pytest.fixture(scope="module")
+def finished_page(chromium, dashboard: Dashboard, finished_job: dict):
+    """That job's page, opened once with every chart drawn, for the tests that only read it (they put back
+    any viewport size they change)."""
+    with dashboard_page(chromium, dashboard) as page:
+        sign_in(page, dashboard.key, f"/#/jobs/{finished_job['id']}")
+        for figure in ("loss", "position-accuracy", "acceptance-by-position", "acceptance-by-category",
+                       "speedup-by-block-size"):
+            page.wait_for_selector(f'figure[data-chart="{figure}"]', timeout=TIMEOUT_MS)
+        yield page
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest hook

@@ -61,3 +61,39 @@ def screenshot(page, name: str) -> Path:  # noqa: ANN001
     page.screenshot(path=str(path), full_page=True)
     SAVED.append(path)
     return path
+
+
+def legend_text(page, figure_id: str) -> str:  # noqa: ANN001
+    """What a line chart's legend reads (series names and their values)."""
+    return page.inner_text(f'figure[data-chart="{figure_id}"] .u-legend')
+
+
+def bar_texts(page, figure_id: str, column: int = 0) -> list[str]:  # noqa: ANN001
+    """The text on each bar of a bar chart's `column`, row by row (the first series' bar of each row)."""
+    return page.evaluate(
+        """([id, column]) => {
+            const grid = document.querySelector(`figure[data-chart="${id}"] .ds-bars`);
+            const columns = grid.style.gridTemplateColumns.match(/repeat\\((\\d+)/)[1] * 1;
+            const cells = [...grid.querySelectorAll(".ds-bars-cell")];
+            return cells.filter((_, i) => i % columns === column).map((c) => c.querySelector(".ds-bar-text").textContent);
+        }""",
+        [figure_id, column],
+    )
+
+
+def overlapping(page, selector: str) -> list[list[str]]:  # noqa: ANN001
+    """Pairs of visible elements matching `selector` whose boxes overlap (by more than half a pixel)."""
+    return page.evaluate(
+        """(selector) => {
+            const boxes = [...document.querySelectorAll(selector)].filter((n) => n.offsetParent)
+              .map((n) => [n.textContent, n.getBoundingClientRect()]);
+            const pairs = [];
+            for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+              const [a, b] = [boxes[i][1], boxes[j][1]];
+              if (Math.min(a.right, b.right) - Math.max(a.left, b.left) > 0.5 &&
+                  Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 0.5) pairs.push([boxes[i][0], boxes[j][0]]);
+            }
+            return pairs;
+        }""",
+        selector,
+    )

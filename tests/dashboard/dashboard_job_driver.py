@@ -40,10 +40,24 @@ def variant_report(report: dict, *, scale: float, variant_note: str) -> dict:
     """A second, different report for comparisons: acceptances scaled by `scale` (a made-up drafter)."""
     other = copy.deepcopy(report)
     other["tau_per_position"] = [None if a is None else round(min(1.0, a * scale), 4) for a in report["tau_per_position"]]
+    reached = None  # a cycle reaches draft k when drafts 1..k-1 were accepted
+    for item in other.get("acceptance_by_position", []):
+        item["reached"] = item["reached"] if reached is None else reached
+        item["accepted"] = reached = min(item["reached"], round(item["accepted"] * scale))
+        item["conditional"] = round(item["accepted"] / item["reached"], 4) if item["reached"] else None
+        item["unconditional"] = round(item["accepted"] / item["offered"], 4) if item["offered"] else None
     other["tau"] = round(1 + (report["tau"] - 1) * scale, 4)
     for entry in other.get("acceptance_by_category", {}).values():
         entry["tau"] = round(1 + (entry["tau"] - 1) * scale, 4)
     other["note"] = variant_note
+    return other
+
+
+def inconclusive_report(report: dict) -> dict:
+    """The same job's report had its sampling test tested nothing: sampling_inconclusive.json is the real
+    test's output with too few draws (make_sample.py), and a greedy job still passes on the exact match."""
+    other = copy.deepcopy(report)
+    other["lossless"]["sampling"] = json.loads((SAMPLE_JOB / "sampling_inconclusive.json").read_text())
     return other
 
 
@@ -72,6 +86,19 @@ class JobDriver:
             path.write_bytes(data)
             runner.store_artifact(session, self.storage, job_id, name, path, kind=kind, content_type=content_type)
         self.stored[f"{job_id}/{name}"] = data
+
+    def backdate(self, job_id: str, stage: str, seconds: float) -> None:
+        """Start the latest attempt of `stage` `seconds` earlier: how the ETA tests get a stage that has run
+        for minutes without waiting for them."""
+        from datetime import timedelta
+
+        from api.models import StageRun
+
+        with self.session_factory() as session:
+            run = (session.query(StageRun).filter_by(job_id=job_id, stage=stage)
+                   .order_by(StageRun.attempt.desc()).first())
+            run.started_at -= timedelta(seconds=seconds)
+            session.commit()
 
     def quick_stage(self, job_id: str, stage: str) -> None:
         self.claim(job_id, stage)

@@ -7,11 +7,14 @@ axe-core's WCAG A/AA checks on every view."""
 from __future__ import annotations
 
 import hashlib
+import math
 import re
+from datetime import datetime
 
 import pytest
-from dashboard_browser import TIMEOUT_MS, axe_violations, drawn_pixels, screenshot, series_labels, sign_in
-from dashboard_job_driver import sample_records, sample_report, variant_report
+from dashboard_browser import (TIMEOUT_MS, axe_violations, bar_texts, drawn_pixels, legend_text, overlapping, screenshot,
+                               series_labels, sign_in)
+from dashboard_job_driver import inconclusive_report, sample_records, sample_report, variant_report
 from playwright.sync_api import expect
 
 pytestmark = pytest.mark.slow
@@ -92,7 +95,9 @@ def test_new_job_form_uses_the_schema_shows_api_errors_and_the_estimate(page, da
     field = page.get_by_label("Block size")
     expect(field).to_have_value(str(block["default"]))
     expect(page.locator('[data-field="drafter.block_size"] .help')).to_contain_text(block["description"])
-    page.get_by_label("Uri").fill("bundled:smollm2-135m")
+    expect(field).to_be_hidden()  # the drafter's section starts collapsed
+    page.locator('[data-section="drafter"] > summary').click()
+    page.get_by_label("Target URI").fill("bundled:smollm2-135m")
     estimate = dashboard.api("POST", "/v1/jobs/estimate", json={"target": {"uri": "bundled:smollm2-135m"}}).json()
     expect(page.locator('[data-estimate="tokens"]')).to_have_text(f"{estimate['tokens_to_generate']:,}")
     expect(page.locator("#estimate-table tbody tr")).to_have_count(len(estimate["estimates"]))
@@ -115,8 +120,8 @@ def test_new_job_form_uses_the_schema_shows_api_errors_and_the_estimate(page, da
 
     field.fill("4")
     expect(error).to_have_text("")
-    page.get_by_label("Name", exact=True).fill("from the form")
-    page.get_by_label("Labels").fill("suite: dashboard")
+    page.get_by_label("Job name").fill("from the form")
+    page.get_by_label("Job labels").fill("suite: dashboard")
     page.get_by_role("button", name="Create job").click()
     expect(page).to_have_url(re.compile(r"#/jobs/job_[0-9A-Z]{26}$"))
     job_id = page.url.rsplit("/", 1)[1]
@@ -198,9 +203,10 @@ def test_job_page_live_through_a_dropped_connection_to_charts_and_downloads(page
     greedy = report["lossless"]["greedy"]
     expect(page.locator("#lossless-table")).to_contain_text(
         f"{greedy['mismatches']} mismatches over {greedy['prompts']} prompts")
-    for figure in ("acceptance-by-position", "acceptance-by-category", "speedup-by-block-size", "loss"):
-        page.wait_for_selector(f'figure[data-chart="{figure}"] canvas', timeout=TIMEOUT_MS)
-        assert drawn_pixels(page, figure) > 300, figure
+    page.wait_for_selector('figure[data-chart="loss"] canvas', timeout=TIMEOUT_MS)
+    assert drawn_pixels(page, "loss") > 300
+    for figure in ("acceptance-by-position", "acceptance-by-category", "speedup-by-block-size"):
+        expect(page.locator(f'figure[data-chart="{figure}"] .ds-bar-fill').first).to_be_visible()
     categories = sorted(report["acceptance_by_category"])
     category_rows = page.locator('figure[data-chart="acceptance-by-category"] .ds-data-table tbody tr')
     expect(category_rows).to_have_count(len(categories))
@@ -261,12 +267,12 @@ def test_compare_two_drafters_side_by_side(page, dashboard):
     for job, expected in ((dflash2, report), (dflash1, weaker)):
         tau_cell = page.locator(f'#compare-table tr[data-job-id="{job["id"]}"] [data-col="tau"]')
         expect(tau_cell).to_have_text(f"{round(expected['tau'], 3):g}")
-    page.wait_for_selector('figure[data-chart="acceptance-by-position"] canvas', timeout=TIMEOUT_MS)
-    labels = series_labels(page, "acceptance-by-position")
-    assert len(labels) == 2
+    legend = page.locator('figure[data-chart="acceptance-by-position"] .ds-bar-legend li')
+    expect(legend.first).to_be_visible(timeout=TIMEOUT_MS)
+    labels = legend.all_inner_texts()
     assert any("dflash2 b8" in label for label in labels) and any("dflash b8" in label for label in labels)
-    assert drawn_pixels(page, "acceptance-by-position") > 200
-    assert drawn_pixels(page, "tau-by-job") > 200
+    tau_bars = bar_texts(page, "tau-by-job")
+    assert tau_bars == [f"{expected['tau']:.3f} · {expected['cycles']} cycles" for expected in (report, weaker)]
     screenshot(page, "compare")
     assert_accessible(page, "compare view")
 
@@ -284,3 +290,171 @@ def test_a_revoked_key_brings_back_the_sign_in_prompt(page, dashboard):
     expect(page.get_by_role("heading", name="Sign in to Draftsmith")).to_be_visible(timeout=TIMEOUT_MS)
     expect(page.locator("#api-key-error")).to_contain_text("unknown or revoked API key")
     assert page.evaluate("sessionStorage.length") == 0
+
+
+# ---- issue 19: what a person reads on a job's page and in report.html -------------------------------------
+
+
+def test_chart_legends_show_values_never_placeholders(finished_page):
+    records = sample_records()
+    for figure in ("loss", "position-accuracy"):
+        assert "--" not in legend_text(finished_page, figure), figure
+    # Off the chart: the latest value of each series. On it: the value under the cursor.
+    assert f"{records[-1]['step']} (latest)" in legend_text(finished_page, "loss")
+    assert f"{round(records[-1]['loss'], 4):g}" in legend_text(finished_page, "loss")
+    overlay = finished_page.locator('figure[data-chart="loss"] .u-over')
+    box = overlay.bounding_box()
+    finished_page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    hovered = legend_text(finished_page, "loss")
+    step = int(re.search(r"step\s*(\d+)", hovered).group(1))
+    assert f"{round(records[step - 1]['loss'], 4):g}" in hovered and "latest" not in hovered
+    finished_page.mouse.move(0, 0)
+    assert "--" not in finished_page.inner_text("#training") + finished_page.inner_text("#report")
+
+
+def test_a_first_step_loss_spike_does_not_flatten_the_curve(finished_page):
+    losses = [r["loss"] for r in sample_records()]
+    y = finished_page.evaluate("""() => {
+        const plot = document.querySelector('figure[data-chart="loss"] .ds-chart').plot;
+        return { min: plot.scales.y.min, max: plot.scales.y.max };
+    }""")
+    tail = losses[len(losses) // 10:]
+    assert y["max"] < max(losses) / 4  # the spike (62 at step 1) is above the axis...
+    assert (max(tail) - min(tail)) / (y["max"] - y["min"]) > 0.7  # ...and the rest fills the chart
+    note = finished_page.locator('figure[data-chart="loss"] .ds-chart-note')
+    expect(note).to_contain_text("Y axis clipped")
+    expect(note).to_contain_text(f"up to {round(max(losses), 2):g} at step 1")
+
+
+def test_category_and_position_labels_never_overlap(finished_page):
+    try:
+        for width in (1280, 700, 380):  # two columns, one column, a phone
+            finished_page.set_viewport_size({"width": width, "height": 900})
+            finished_page.wait_for_timeout(100)
+            for figure in ("acceptance-by-category", "acceptance-by-position", "speedup-by-block-size"):
+                cells = f'figure[data-chart="{figure}"] .ds-bars > *'
+                assert overlapping(finished_page, cells) == [], (width, figure)
+                clipped = finished_page.eval_on_selector_all(
+                    cells, "ns => ns.filter(n => n.scrollWidth > n.clientWidth + 1).map(n => n.textContent)")
+                assert clipped == [], (width, figure)
+        screenshot(finished_page, "job-finished-narrow")
+    finally:
+        finished_page.set_viewport_size({"width": 1280, "height": 900})
+
+
+def test_acceptance_bars_carry_their_counts_and_few_cycles_are_greyed(finished_page):
+    report = sample_report()
+    positions = report["acceptance_by_position"]
+    conditional = bar_texts(finished_page, "acceptance-by-position", 0)
+    unconditional = bar_texts(finished_page, "acceptance-by-position", 1)
+    assert conditional[5] == "1.00 (2/2)"  # position 6: a 1.0 resting on two cycles says so
+    assert conditional == [f"{p['conditional']:.2f} ({p['accepted']}/{p['reached']})" for p in positions]
+    assert [u.split(" ")[1] for u in unconditional] == [f"({p['accepted']}/{p['offered']})" for p in positions]
+    few = finished_page.eval_on_selector_all('figure[data-chart="acceptance-by-position"] .ds-bars-cell:nth-child(3n+2) .ds-bar',
+                                             "ns => ns.map(n => n.classList.contains('ds-bar-few'))")
+    assert few == [p["reached"] < 20 for p in positions] and any(few) and not all(few)
+    expect(finished_page.locator('figure[data-chart="acceptance-by-position"] .ds-legend-few')).to_contain_text("fewer than 20 cycles")
+    categories = report["acceptance_by_category"]
+    assert bar_texts(finished_page, "acceptance-by-category") == [
+        f"{categories[name]['tau']:.2f} · {categories[name]['cycles']} cycles" for name in sorted(categories)]
+
+
+def test_new_job_form_in_sections_with_human_labels_and_the_estimate_in_view(page, dashboard):
+    schemas = dashboard.api("GET", "/openapi.json").json()["components"]["schemas"]
+    sign_in(page, dashboard.key, "/#/jobs/new")
+    form = page.locator("#job-form")
+    expect(page.get_by_label("Target URI")).to_be_visible()
+    # Every leaf of the API's job spec is a field (none hand-copied, none missing).
+    def leaves(schema: dict) -> int:
+        count = 0
+        for prop in schema.get("properties", {}).values():
+            ref = next((o.get("$ref") for o in [prop, *prop.get("anyOf", [])] if o.get("$ref")), None)
+            count += leaves(schemas[ref.rsplit("/", 1)[1]]) if ref and "properties" in schemas[ref.rsplit("/", 1)[1]] else 1
+        return count
+    assert form.locator("[data-field] :is(input, select, textarea)").count() == leaves(schemas["JobSpec"])
+    labels = form.locator("label").all_text_contents()
+    assert not {"Uri", "Top p", "Top P", "Num layers"} & {label.strip(" *") for label in labels}
+    assert {"Target URI", "Top-p", "Number of layers", "ZeRO stage", "Job name"} <= {label.strip(" *") for label in labels}
+    sections = form.locator("details.form-section")
+    titles = sections.locator("> summary .section-title").all_inner_texts()
+    assert titles == ["Target", "Sampling", "Drafter", "Data", "Training", "Validation", "Warm start", "Publish"]
+    assert [s.get_attribute("open") is not None for s in sections.all()] == [t == "Target" for t in titles]
+    expect(form.locator('[data-digest="training"]')).to_have_text("defaults")
+    assert form.bounding_box()["height"] < 1200  # was one 4,600-pixel column
+    for section in sections.all():  # open every section: two columns of fields, and the estimate still in view
+        if section.get_attribute("open") is None:
+            section.locator("> summary").click()
+    page.get_by_label("Target URI").fill("bundled:smollm2-135m")
+    tops = form.locator('[data-section="training"] .field-grid > .field').evaluate_all(
+        "ns => ns.map(n => Math.round(n.getBoundingClientRect().top))")
+    assert len(set(tops)) < len(tops)  # fields side by side
+    page.get_by_label("Max steps").fill("100")
+    expect(form.locator('[data-digest="training"]')).to_have_text('changed: Max steps 100')
+    expect(page.locator('[data-estimate="steps"]')).to_have_text("100")
+    page.locator("#create-job").scroll_into_view_if_needed()
+    estimate, viewport = page.locator("#estimate").bounding_box(), page.viewport_size
+    assert 0 <= estimate["y"] and estimate["y"] + 40 < viewport["height"]
+    screenshot(page, "new-job-form")
+    assert_accessible(page, "new job form, every section open")
+
+
+def test_eta_of_the_running_stage_and_the_whole_job(page, dashboard):
+    job = dashboard.create_job({"target": {"uri": "bundled:smollm2-135m"}, "name": "eta"})
+    driver = dashboard.driver
+    driver.quick_stage(job["id"], "prepare")
+    driver.claim(job["id"], "generate")
+    driver.backdate(job["id"], "generate", 600)
+    driver.event(job["id"], "generated 25 %", progress=25.0)  # 25 % in 10 minutes: 30 minutes to go
+    sign_in(page, dashboard.key, f"/#/jobs/{job['id']}")
+    eta = page.locator('[data-stage="generate"] .stage-eta')
+    expect(eta).to_contain_text("left")
+    assert 1770 <= int(eta.get_attribute("data-eta")) <= 1830  # 3 x the 10 minutes (and the seconds this test took)
+    # The whole job: generate's projected 40 minutes scale the API's estimate of the stages to come.
+    estimate = dashboard.api("POST", "/v1/jobs/estimate", json=job["spec"]).json()["estimates"]
+    best = min(estimate, key=lambda e: abs(math.log(2400 / (60 * e["generation_minutes"]))))
+    factor = 2400 / (60 * best["generation_minutes"])
+    train = min(60 * best["training_minutes"] * factor, 60 * job["spec"]["training"]["max_minutes"])
+    prepare = next(s for s in dashboard.api("GET", f"/v1/jobs/{job['id']}").json()["stages"] if s["stage"] == "prepare")
+    overhead = 60 * best["overhead_minutes"] - (datetime.fromisoformat(prepare["finished_at"])
+                                                 - datetime.fromisoformat(prepare["started_at"])).total_seconds()
+    expected = 1800 + train + 60 * best["validation_minutes"] * factor + max(0.0, overhead)
+    whole = page.locator("#job-eta")
+    expect(whole).to_contain_text("Whole job: ≈")
+    assert abs(int(whole.get_attribute("data-seconds")) - expected) < 40
+    whole.locator("summary").click()
+    expect(whole).to_contain_text(f"estimate for {best['gpu_class']}")
+    screenshot(page, "job-eta")
+    page.goto("/#/jobs")
+    cell = page.locator(f'tr[data-job-id="{job["id"]}"] [data-col="eta"]')
+    expect(cell).to_contain_text("generate ≈")
+    expect(cell).to_contain_text("whole job ≈")
+
+
+def test_validation_advice_and_an_untested_sampling_check_are_said_plainly(finished_page, page, dashboard, finished_job):
+    report = sample_report()
+    assert report["serving_advice"]["enable"] is False
+    advice = finished_page.locator("#serving-advice")
+    expect(advice).to_contain_text("Do not enable this drafter on hardware like the validation machine")
+    assert advice.bounding_box()["y"] < finished_page.locator("#timeline").bounding_box()["y"]  # above the rest
+    expect(finished_page.locator('[data-figure="recommended"] .label')).to_have_text("best block size, if enabled elsewhere")
+    expect(finished_page.locator("#serving-warning")).to_contain_text("Before you serve it: Do not enable")
+    low, high = report["speedup"]["ratio_ci95"]
+    expect(finished_page.locator('[data-figure="speedup"]')).to_contain_text(f"95 % interval {low:g}–{high:g}×")
+
+    untested = dashboard.create_job({"target": {"uri": "bundled:smollm2-135m"}, "name": "sampling untested"})
+    dashboard.driver.run_to_success(untested["id"], inconclusive_report(report))
+    reason = inconclusive_report(report)["lossless"]["sampling"]["reason"]
+    sign_in(page, dashboard.key, f"/#/jobs/{untested['id']}")
+    sampling = page.locator('[data-figure="sampling"]')
+    expect(sampling.locator(".value")).to_have_text("not tested")
+    expect(sampling).to_contain_text(reason)
+    cell = page.locator('#lossless-table td[data-sampling="inconclusive"]')
+    expect(cell).to_contain_text(f"not tested: {reason}")
+    assert page.locator("#lossless-table .ok").count() == 0  # no green "passed" anywhere in the checks
+    screenshot(page, "job-sampling-untested")
+
+    page.goto(f"/#/compare?jobs={finished_job['id']},{untested['id']}")
+    banner = page.locator("#compare-advice")
+    expect(banner).to_contain_text("Validation advises against serving all of these drafters")
+    expect(page.locator('#compare-table [data-col="advice"]').first).to_have_text(
+        "do not enable on hardware like the validation machine")

@@ -5,17 +5,19 @@ job's published figures)."""
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
 
 import pytest
-from dashboard_browser import OUTPUT_DIR, SAVED, drawn_pixels
-from dashboard_job_driver import SAMPLE_JOB, sample_report
+from dashboard_browser import OUTPUT_DIR, SAVED, bar_texts, drawn_pixels, legend_text, overlapping
+from dashboard_job_driver import SAMPLE_JOB, inconclusive_report, sample_report
 
 from trainer.export.report_html import MAX_METRIC_RECORDS, read_metric_records, render_report_html, write_report_html
 
-FIGURES = ("acceptance-by-position", "acceptance-by-category", "speedup-by-block-size", "loss", "position-accuracy")
+LINE_CHARTS = ("loss", "position-accuracy")
+BAR_CHARTS = ("acceptance-by-position", "acceptance-by-category", "speedup-by-block-size")
 
 
 def inline_data(page_html: str) -> dict:
@@ -111,12 +113,44 @@ def test_report_html_opens_from_disk_offline_with_its_charts_drawn(chromium):
     page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
     page.goto(path.as_uri())
     page.wait_for_selector("body[data-charts=drawn]", timeout=15_000)
-    for figure in FIGURES:
+    for figure in LINE_CHARTS:
         assert drawn_pixels(page, figure) > 300, figure
+        assert "--" not in legend_text(page, figure) and "(latest)" in legend_text(page, figure), figure
     report = sample_report()
     assert page.inner_text('[data-figure="τ (mean acceptance length)"]') == f"{round(report['tau'], 3):g}"
+    # The same charts as the dashboard: the loss axis clipped above the first step's spike, bars with counts
+    # whose labels never overlap, and validation's advice against serving said first.
+    assert "Y axis clipped" in page.inner_text('figure[data-chart="loss"] .ds-chart-note')
+    positions = report["acceptance_by_position"]
+    assert bar_texts(page, "acceptance-by-position") == [
+        f"{p['conditional']:.2f} ({p['accepted']}/{p['reached']})" for p in positions]
+    for figure in BAR_CHARTS:
+        assert overlapping(page, f'figure[data-chart="{figure}"] .ds-bars > *') == [], figure
+    advice = page.locator("#serving-advice")
+    assert advice.get_attribute("data-enable") == "false"
+    assert "Do not enable this drafter on hardware like the validation machine" in advice.inner_text()
+    assert advice.bounding_box()["y"] < page.locator(".cards").bounding_box()["y"]
     shot = OUTPUT_DIR / "report-html.png"
     page.screenshot(path=str(shot), full_page=True)
     SAVED.append(shot)
     context.close()
     assert requests == [path.as_uri()] and problems == []
+
+
+def test_an_untested_sampling_check_reads_not_tested_never_passed():
+    report = inconclusive_report(sample_report())
+    reason = report["lossless"]["sampling"]["reason"]
+    page = render_report_html(report, [])
+    sampling_card = re.search(r'data-figure="sampling test">(.*?)</div><div class="sub">(.*?)</div>', page, re.DOTALL)
+    assert "not tested" in sampling_card.group(1) and reason in html.unescape(sampling_card.group(2))
+    row = re.search(r'<th scope="row">sampling test</th><td>(.*?)</td>', page, re.DOTALL).group(1)
+    assert "not tested" in row and 'class="ok"' not in row and reason in html.unescape(row)
+    verdict = re.search(r'<th scope="row">verdict</th><td>(.*?)</td>', page, re.DOTALL).group(1)
+    assert "greedy exact match only" in verdict and 'class="ok"' not in verdict
+    # An older report (no status) keeps its verdict; one advised for gets no alarm.
+    older = sample_report()
+    del older["lossless"]["sampling"]["status"]
+    older["serving_advice"] = {"enable": True, "summary": "enable at block size 3: 1.4x the target alone"}
+    page = render_report_html(older, [])
+    assert '<span class="ok">passed</span>: p = 0.21' in page
+    assert 'class="advice advice-ok"' in page and 'class="advice advice-bad"' not in page

@@ -94,6 +94,49 @@ def _verdict(passed: Any) -> str:
     return "–"
 
 
+def sampling_status(sampling: dict) -> str:
+    """"passed", "failed", "inconclusive" or "" (unknown): `status` where the report has it, else the older
+    reports' `passed` flag."""
+    status = sampling.get("status")
+    if status in ("passed", "failed", "inconclusive"):
+        return status
+    return {True: "passed", False: "failed"}.get(sampling.get("passed"), "")
+
+
+def _sampling_card(sampling: dict) -> tuple[str, str]:
+    if sampling_status(sampling) == "inconclusive":  # never a pass: it tested nothing
+        return '<span class="warn">not tested</span>', _e(sampling.get("reason") or "the test could test nothing")
+    return (f"p = {_num(sampling.get('p_value'), 4)}",
+            f"{_e(sampling.get('draws'))} draws, α = {_e(sampling.get('alpha'))}")
+
+
+def _sampling_row(sampling: dict) -> str:
+    status = sampling_status(sampling)
+    if status == "inconclusive":
+        return f'<span class="warn">not tested</span>: {_e(sampling.get("reason") or "the test could test nothing")}'
+    verdict = _verdict({"passed": True, "failed": False}.get(status))
+    return (f"{verdict}: p = {_num(sampling.get('p_value'), 4)} (α {_e(sampling.get('alpha'))}, "
+            f"{_e(sampling.get('draws'))} draws, {_e(sampling.get('cells'))} cells, T = {_e(sampling.get('temperature'))})")
+
+
+def _overall_verdict(report: dict, sampling: dict) -> str:
+    if report.get("passed") is True and sampling_status(sampling) == "inconclusive":
+        return '<span class="warn">passed on the greedy exact match only</span> (the sampling test tested nothing)'
+    return _verdict(report.get("passed"))
+
+
+def _advice(report: dict) -> str:
+    """Validation's verdict on serving (serving_advice), as a banner above everything else."""
+    advice = _dict(report.get("serving_advice"))
+    summary = str(advice.get("summary") or "").strip()
+    if not summary:
+        return ""
+    kind = {True: "ok", False: "bad"}.get(advice.get("enable"), "warn")
+    text = summary[0].upper() + summary[1:] + ("" if summary.endswith(".") else ".")
+    return (f'<div class="advice advice-{kind}" id="serving-advice" data-enable="{_e(json.dumps(advice.get("enable")))}">'
+            f"<strong>Serving advice from validation:</strong> {_e(text)}</div>")
+
+
 def _summary(report: dict) -> str:
     speed = _dict(_get(report, "speedup"))
     greedy = _dict(_get(report, "lossless", "greedy"))
@@ -103,19 +146,23 @@ def _summary(report: dict) -> str:
     recommended = report.get("recommended_block_size")
     recommended_speedup = speedups.get(str(recommended))
     tau, oracle = report.get("tau"), report.get("oracle_tau")
+    low, high = (list(speed.get("ratio_ci95") or []) + [None, None])[:2]
+    interval = f", 95 % interval {_num(low, 2)}–{_num(high, 2)}×" if _num(low) != "–" and _num(high) != "–" else ""
+    advised_against = _dict(report.get("serving_advice")).get("enable") is False
+    sampling_value, sampling_sub = _sampling_card(sampling)
     headroom = (f"headroom +{_num(oracle - tau)} with a perfect choice among the drafter's top-K"
                 if _num(tau) != "–" and _num(oracle) != "–" else "gold token anywhere in the drafter's top-K")
     cards = [
         ("τ (mean acceptance length)", _num(report.get("tau")), f"block size {_e(report.get('block_size'))}"),
         ("oracle τ", _num(report.get("oracle_tau")), headroom),
         ("measured speedup", _num(speed.get("ratio"), 3, "×"),
-         f"{_num(speed.get('ar_tokens_per_s'), 1)} → {_num(speed.get('spec_tokens_per_s'), 1)} tokens/s"),
-        ("recommended block size", _e(recommended),
+         f"{_num(speed.get('ar_tokens_per_s'), 1)} → {_num(speed.get('spec_tokens_per_s'), 1)} tokens/s{interval}"),
+        # Advised against: the best block size is no recommendation, only the size to try elsewhere.
+        ("best block size, if enabled elsewhere" if advised_against else "recommended block size", _e(recommended),
          f"draft length {_e(recommended - 1) if isinstance(recommended, int) else '–'}, "
-         f"estimated {_num(recommended_speedup, 3, '×')}"),
+         f"estimated {_num(recommended_speedup, 3, '×')}" + ("; not advised on this machine (above)" if advised_against else "")),
         ("greedy mismatches", _e(greedy.get("mismatches")), f"over {_e(greedy.get('prompts'))} prompts"),
-        ("sampling test", f"p = {_num(sampling.get('p_value'), 4)}",
-         f"{_e(sampling.get('draws'))} draws, α = {_e(sampling.get('alpha'))}"),
+        ("sampling test", sampling_value, sampling_sub),
     ]
     return "\n".join(
         f'<div class="card"><div class="label">{_e(label)}</div><div class="value" data-figure="{_e(label)}">'
@@ -129,12 +176,10 @@ def _lossless(report: dict) -> str:
     sampling = _dict(_get(report, "lossless", "sampling"))
     divergence = greedy.get("first_divergence")
     rows = [
-        ("verdict", _verdict(report.get("passed"))),
+        ("verdict", _overall_verdict(report, sampling)),
         ("greedy exact match", f"{_e(greedy.get('mismatches'))} mismatches over {_e(greedy.get('prompts'))} prompts"),
         ("first divergence", _e(json.dumps(divergence)) if divergence else "none"),
-        ("sampling test", f"{_verdict(sampling.get('passed'))}: p = {_num(sampling.get('p_value'), 4)} "
-                          f"(α {_e(sampling.get('alpha'))}, {_e(sampling.get('draws'))} draws, "
-                          f"{_e(sampling.get('cells'))} cells, T = {_e(sampling.get('temperature'))})"),
+        ("sampling test", _sampling_row(sampling)),
         ("method", _e(sampling.get("test"))),
         ("speed measured with", _e(_get(report, "speedup", "decoding"))),
     ]
@@ -151,11 +196,14 @@ h2 { font-size: 1.15rem; margin: 1.5rem 0 0.75rem; }
 .card { background: #fff; border: 1px solid #d0d4da; border-radius: 6px; padding: 0.75rem; }
 .card .label { font-size: 0.85rem; color: #4a525c; } .card .value { font-size: 1.5rem; font-weight: 600; margin: 0.2rem 0; }
 .card .sub { font-size: 0.85rem; color: #4a525c; }
-.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 0 1rem; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(420px, 100%), 1fr)); gap: 0 1rem; }
 table.facts { border-collapse: collapse; background: #fff; width: 100%; }
 table.facts th, table.facts td { border: 1px solid #d0d4da; padding: 0.4rem 0.6rem; text-align: left; vertical-align: top; }
 table.facts th { width: 12rem; background: #f0f2f5; }
-.ok { color: #0a6b2f; font-weight: 600; } .bad { color: #a4000f; font-weight: 600; }
+.ok { color: #0a6b2f; font-weight: 600; } .bad { color: #a4000f; font-weight: 600; } .warn { color: #6b4a00; font-weight: 600; }
+.advice { margin: 1rem 0 0; padding: 0.75rem 1rem; border-radius: 6px; border: 2px solid; font-size: 1.05rem; }
+.advice-bad { background: #fde2e2; color: #8f0010; border-color: #a4000f; }
+.advice-warn { background: #fff1cc; color: #6b4a00; border-color: #8b6a00; } .advice-ok { background: #ddf3e4; color: #0a5b28; border-color: #0a7a35; }
 pre { background: #fff; border: 1px solid #d0d4da; padding: 0.75rem; overflow: auto; }
 """
 
@@ -195,10 +243,12 @@ def render_report_html(report: dict | None, metrics: list[dict], *, title: str =
 <header><h1>{_e(title)}</h1><p>Validation on held-out prompts and the training curves of this drafter.
 Written by <code>draftsmith export</code>; opens offline.</p></header>
 <main>
+{_advice(report)}
 <h2>Summary</h2>
 <div class="cards">{summary}</div>
 <h2>Acceptance</h2>
-<div class="grid"><div id="acceptance-position"></div><div id="acceptance-category"></div></div>
+<div id="acceptance-position"></div>
+<div class="grid"><div id="acceptance-category"></div></div>
 <h2>Lossless</h2>
 <table class="facts"><tbody>{_lossless(report)}</tbody></table>
 <h2>Speed</h2>
@@ -212,6 +262,7 @@ Written by <code>draftsmith export</code>; opens offline.</p></header>
 </main>
 <script>{_static("vendor/uPlot.iife.min.js")}</script>
 <script>{_static("charts.js")}</script>
+<script>{_static("bar_charts.js")}</script>
 <script type="application/json" id="ds-report-data">{data}</script>
 <script>{BOOT}</script>
 </body>

@@ -48,13 +48,30 @@ function table(entries) {
       h("td", { class: "num", "data-col": "tau", text: report ? fmtNum(top.tau, 3) : "no report yet" }),
       h("td", { class: "num", text: fmtNum(top.oracleTau, 3) }),
       h("td", { class: "num", text: top.speedup === null ? "–" : `${fmtNum(top.speedup, 3)}×` }),
-      h("td", { class: "num", text: top.recommended ?? "–" }));
+      h("td", { class: "num", text: top.recommended ?? "–" }),
+      h("td", { "data-col": "advice" }, adviceWords(top.advice)));
   });
   return h("div", { class: "table-wrap" }, h("table", { class: "compact", id: "compare-table" },
     h("caption", { text: "Side by side" }),
-    h("thead", {}, h("tr", {}, ["Job", "Status", "Variant", "Block size", "Recipe", "τ", "oracle τ", "Speedup", "Recommended block"]
+    h("thead", {}, h("tr", {}, ["Job", "Status", "Variant", "Block size", "Recipe", "τ", "oracle τ", "Speedup", "Best block", "Serving advice"]
       .map((t) => h("th", { scope: "col", text: t })))),
     h("tbody", {}, rows)));
+}
+
+function adviceWords(advice) {
+  if (!advice) return "–";
+  if (advice.enable === false) return h("span", { class: "bad", title: advice.text, text: "do not enable on hardware like the validation machine" });
+  if (advice.enable === true) return h("span", { class: "ok", title: advice.text, text: "enable" });
+  return h("span", { class: "warn", title: advice.text, text: "no clear gain" });
+}
+
+/** The jobs validation advises against serving, said before the table: never a bare "best block size". */
+function againstBanner(entries) {
+  const against = entries.filter((e) => { const advice = headline(e.report).advice; return advice && advice.enable === false; });
+  if (!against.length) return null;
+  return h("div", { class: "advice advice-bad", id: "compare-advice" },
+    h("strong", { text: `Validation advises against serving ${against.length === entries.length ? (against.length > 1 ? "all of these drafters" : "this drafter") : `${against.length} of these drafters`}:` }),
+    h("ul", {}, against.map((e) => h("li", { "data-job-id": e.job.id }, `${e.label}: ${headline(e.report).advice.text}`))));
 }
 
 export function compareView(main, route) {
@@ -85,17 +102,12 @@ export function compareView(main, route) {
     const Charts = window.DraftsmithCharts;
     const withReports = entries.filter((e) => e.report);
     const runs = withReports.map((e) => ({ label: e.label, report: e.report }));
-    const position = h("div");
+    const position = h("div", { class: "ds-wide" });
     const category = h("div");
     const tau = h("div");
     replace(results, problems.length ? h("div", { class: "error-summary", role: "alert" }, h("ul", {}, problems.map((p) => h("li", { text: p })))) : null,
-      table(entries), h("div", { class: "chart-grid" }, tau, position, category));
-    Charts.categoryChart(tau, {
-      id: "tau-by-job", title: "τ by job", xLabel: "job", yLabel: "τ", categories: runs.map((r) => r.label),
-      summary: `Mean acceptance length: ${withReports.map((e) => `${e.label} ${fmtNum(headline(e.report).tau, 3)}`).join(", ")}.`,
-      series: [{ label: "τ", values: withReports.map((e) => headline(e.report).tau) }],
-      empty: "None of these jobs has a validation report yet.",
-    });
+      againstBanner(withReports), table(entries), h("div", { class: "chart-grid" }, tau, category, position));
+    Charts.tauByRun(tau, runs);
     Charts.acceptanceByPosition(position, runs);
     Charts.acceptanceByCategory(category, runs);
   });

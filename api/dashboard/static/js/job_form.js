@@ -1,11 +1,19 @@
 // The new-job form, generated from the API's own OpenAPI document (components.schemas.JobSpec):
-// fields, defaults, ranges and descriptions are the API's, so a field added to the job spec
-// appears here without a dashboard change. The API is also the only validator: the form sends
-// what was typed (novalidate) and shows each problem's message next to the field it names.
-// The estimate (POST /v1/jobs/estimate) is fetched as the form changes, before anything is created.
+// fields, labels, defaults, ranges and descriptions are the API's (form_schema.js reads them), so a
+// field added to the job spec appears here without a dashboard change. The API is also the only
+// validator: the form sends what was typed (novalidate) and shows each problem's message next to the
+// field it names.
+//
+// Layout: the job's own fields (name, labels) first, then one section per group of the spec (target,
+// sampling, drafter, data, training, validation, warm start, publish), each a two-column grid where
+// the screen allows. A section holding a required field is open; the others are collapsed, their
+// summary saying whether they keep the defaults or what was changed, and they open by themselves
+// when the API reports a problem in them. The estimate (POST /v1/jobs/estimate) is fetched as the form
+// changes, before anything is created, and stays in view while the form scrolls.
 
 import { api, ApiError } from "./api.js";
 import { fmtNum, h, notify, randomId, replace } from "./dom.js";
+import { control, deref, describe, fieldLabel, sectionTitle } from "./form_schema.js";
 
 const ESTIMATE_DELAY_MS = 400;
 let openapiPromise = null;
@@ -18,136 +26,83 @@ function openapi() {
   return openapiPromise.catch((error) => { openapiPromise = null; throw error; });
 }
 
-function deref(doc, schema) {
-  let current = schema || {};
-  while (current.$ref) current = doc.components.schemas[current.$ref.split("/").pop()] || {};
-  return current;
-}
-
-/** {type, nullable, schema} of a property: `anyOf: [X, null]` is X, nullable. */
-function describe(doc, property) {
-  const options = property.anyOf || property.oneOf;
-  if (options) {
-    const real = options.filter((o) => o.type !== "null");
-    if (real.length === 1) return { ...describe(doc, { ...property, ...deref(doc, real[0]), anyOf: undefined, oneOf: undefined }), nullable: true };
-  }
-  const schema = deref(doc, property);
-  let kind = schema.type || (schema.properties ? "object" : "json");
-  if (schema.enum) kind = "enum";
-  if (kind === "object" && !schema.properties && schema.additionalProperties) kind = "map";
-  if (kind === "array" && ["integer", "number"].includes((schema.items || {}).type)) kind = "numbers";
-  else if (kind === "array") kind = "json";
-  return { kind, schema: { ...schema, description: property.description || schema.description,
-                           default: property.default ?? schema.default, title: property.title || schema.title },
-           nullable: false };
-}
-
-function humanize(name) {
-  const text = name.replace(/_/g, " ");
-  return text.charAt(0).toUpperCase() + text.slice(1);
-}
-
-function rangeText(schema) {
-  const low = schema.minimum ?? schema.exclusiveMinimum;
-  const high = schema.maximum ?? schema.exclusiveMaximum;
-  if (low === undefined && high === undefined) return "";
-  const open = schema.exclusiveMinimum !== undefined ? "(" : "[";
-  const close = schema.exclusiveMaximum !== undefined ? ")" : "]";
-  return ` Range ${open}${low ?? "−∞"}, ${high ?? "∞"}${close}.`;
-}
-
-/** One control for one leaf property; returns the element and a read() giving the value to send. */
-function control(path, info, required) {
-  const id = `f-${path.replace(/\./g, "-")}`;
-  const { kind, schema, nullable } = info;
-  const dflt = schema.default;
-  let input;
-  let read;
-  if (kind === "boolean" && !nullable) {
-    input = h("input", { id, name: path, type: "checkbox", checked: Boolean(dflt) });
-    read = () => input.checked;
-  } else if (kind === "enum" || (kind === "boolean" && nullable)) {
-    const values = kind === "boolean" ? [true, false] : schema.enum;
-    input = h("select", { id, name: path },
-      nullable || dflt === undefined ? h("option", { value: "", text: "(default)" }) : null,
-      values.map((v) => h("option", { value: JSON.stringify(v), text: String(v), selected: v === dflt })));
-    read = () => (input.value === "" ? undefined : JSON.parse(input.value));
-  } else if (kind === "integer" || kind === "number") {
-    input = h("input", { id, name: path, type: "number", inputmode: kind === "integer" ? "numeric" : "decimal",
-                         step: kind === "integer" ? "1" : "any", value: dflt ?? "" });
-    // An unparseable number is sent as typed, so the API's own message explains it.
-    read = () => (input.value.trim() === "" ? undefined : (Number.isFinite(Number(input.value)) ? Number(input.value) : input.value));
-  } else if (kind === "numbers") {
-    input = h("input", { id, name: path, type: "text", value: Array.isArray(dflt) ? dflt.join(", ") : "", placeholder: "e.g. 1, 14, 27" });
-    read = () => {
-      const text = input.value.trim();
-      if (!text) return undefined;
-      const items = text.split(/[\s,]+/).filter(Boolean);
-      return items.every((x) => /^-?\d+$/.test(x)) ? items.map(Number) : text;
-    };
-  } else if (kind === "map") {
-    input = h("textarea", { id, name: path, rows: 2, placeholder: "team: search\nexperiment: b16" });
-    read = () => {
-      const text = input.value.trim();
-      if (!text) return undefined;
-      const result = {};
-      for (const line of text.split(/\n/)) {
-        const match = /^\s*([^:=]+?)\s*[:=]\s*(.*?)\s*$/.exec(line);
-        if (match) result[match[1]] = match[2]; else if (line.trim()) result[line.trim()] = "";
-      }
-      return result;
-    };
-  } else if (kind === "json") {
-    input = h("textarea", { id, name: path, rows: 2, class: "mono",
-                            placeholder: '[{"kind": "s3", "uri": "s3://bucket/prefix"}]' });
-    read = () => {
-      const text = input.value.trim();
-      if (!text) return undefined;
-      try { return JSON.parse(text); } catch { return text; } // sent as typed; the API says what is wrong
-    };
-  } else {
-    const long = (schema.maxLength || 0) > 4096; // free text (a system prompt), not a URI or a name
-    input = h(long ? "textarea" : "input", { id, name: path, type: long ? null : "text", rows: long ? 3 : null,
-                                             value: dflt ?? "", placeholder: (schema.examples || [])[0] || null,
-                                             autocomplete: "off" });
-    read = () => (input.value === "" ? undefined : input.value);
-  }
-  const helpId = `${id}-help`;
-  const errorId = `${id}-error`;
-  input.setAttribute("aria-describedby", `${helpId} ${errorId}`);
-  if (required) input.setAttribute("aria-required", "true");
-  const hint = kind === "map" ? " One key: value per line." : kind === "json" ? " JSON." : kind === "numbers" ? " Comma-separated." : "";
-  const defaultText = dflt !== undefined && dflt !== null && kind !== "boolean" ? ` Default ${JSON.stringify(dflt)}.` : "";
-  const label = h("label", { for: id }, humanize(path.split(".").pop()), required ? h("span", { "aria-hidden": "true", text: " *" }) : null);
-  const field = h("div", { class: `field field-${kind}`, "data-field": path },
-    kind === "boolean" && !nullable ? h("div", { class: "check" }, input, label) : [label, input],
-    h("p", { id: helpId, class: "help",
-             text: `${schema.description || ""}${/\brange\b/i.test(schema.description || "") ? "" : rangeText(schema)}${defaultText}${hint}`.trim() }),
-    h("p", { id: errorId, class: "field-error", "data-error-for": path }));
-  const isDefault = (value) => JSON.stringify(value) === JSON.stringify(dflt);
-  return { field, input, path, read: () => read(), required, isDefault };
-}
-
-function buildFields(doc, schema, prefix, controls) {
+/**
+ * The controls of an object's properties, in the schema's order, as a grid; nested objects as
+ * groups spanning the grid. `required`: the object itself must be sent (a nullable one need not).
+ */
+function fieldGrid(doc, schema, prefix, section, required, controls) {
   const nodes = [];
   for (const [name, property] of Object.entries(schema.properties || {})) {
     const path = prefix ? `${prefix}.${name}` : name;
     const info = describe(doc, property);
-    const required = (schema.required || []).includes(name);
-    if (info.kind === "object" && !info.nullable) {
+    const needed = required && (schema.required || []).includes(name);
+    if (info.kind === "object") {
+      const title = sectionTitle(name, info.schema, info.schema.description);
       const id = `fs-${path.replace(/\./g, "-")}`;
-      nodes.push(h("fieldset", { id, "data-field": path },
-        h("legend", { text: humanize(name) }),
+      nodes.push(h("fieldset", { id, class: "field-wide", "data-field": path },
+        h("legend", { text: title }),
         info.schema.description ? h("p", { class: "help", text: info.schema.description }) : null,
         h("p", { class: "field-error", "data-error-for": path, id: `${id}-error` }),
-        buildFields(doc, info.schema, path, controls)));
+        fieldGrid(doc, info.schema, path, title, needed && !info.nullable, controls)));
     } else {
-      const c = control(path, info, required);
+      const c = control(path, info, needed, fieldLabel(name, info.schema, section));
       controls.push(c);
       nodes.push(c.field);
     }
   }
-  return nodes;
+  return h("div", { class: "field-grid" }, nodes);
+}
+
+/** One collapsible section per object, array or nullable group of the job spec. */
+function section(doc, name, info, required, controls) {
+  const title = sectionTitle(name, info.schema, info.schema.description);
+  const own = [];
+  const id = `fs-${name}`;
+  let body;
+  if (info.kind === "object") {
+    body = [info.schema.description ? h("p", { class: "help", text: info.schema.description }) : null,
+      h("p", { class: "field-error", "data-error-for": name, id: `${id}-error` }),
+      fieldGrid(doc, info.schema, name, title, required && !info.nullable, own)];
+  } else { // a list (publish destinations): one JSON field, which carries its own help and error slot
+    own.push(control(name, info, required, title));
+    body = h("div", { class: "field-grid" }, own[0].field);
+  }
+  controls.push(...own);
+  const digest = h("span", { class: "section-digest", "data-digest": name });
+  const details = h("details", { class: "form-section", "data-section": name, open: own.some((c) => c.required) },
+    h("summary", {}, h("span", { class: "section-title", text: title }), digest),
+    h("fieldset", { id, "data-field": name }, h("legend", { class: "visually-hidden", text: title }), body));
+  return { details, update: () => { digest.textContent = digestOf(own); } };
+}
+
+/** "defaults", or what differs from them: "changed: Block size 4, Number of layers 3". */
+function digestOf(controls) {
+  const changed = controls.filter((c) => {
+    const value = c.read();
+    return value !== undefined && !c.isDefault(value) && !c.required;
+  });
+  const required = controls.filter((c) => c.required);
+  const parts = required.map((c) => `${c.label}: ${c.read() === undefined ? "required" : String(c.read())}`);
+  if (changed.length) parts.push(`changed: ${changed.map((c) => `${c.label} ${JSON.stringify(c.read())}`).join(", ")}`);
+  else if (!required.length) parts.push("defaults");
+  return parts.join(" · ");
+}
+
+/** The whole form: the job's own leaf fields, then the sections. Returns its nodes and a digest updater. */
+function buildForm(doc, schema, controls) {
+  const leaves = [];
+  const sections = [];
+  for (const [name, property] of Object.entries(schema.properties || {})) {
+    const info = describe(doc, property);
+    const required = (schema.required || []).includes(name);
+    if (info.kind === "object" || info.kind === "json") sections.push(section(doc, name, info, required, controls));
+    else leaves.push([name, info, required]);
+  }
+  const own = leaves.map(([name, info, required]) => control(name, info, required, fieldLabel(name, info.schema, null)));
+  controls.unshift(...own);
+  const job = h("fieldset", { id: "fs-job", class: "form-job" }, h("legend", { text: "Job" }),
+    h("div", { class: "field-grid" }, own.map((c) => c.field)));
+  return { nodes: [job, ...sections.map((s) => s.details)], update: () => sections.forEach((s) => s.update()) };
 }
 
 function bodyOf(controls) {
@@ -181,9 +136,11 @@ export function jobForm(main) {
   openapi().then((doc) => {
     if (stopped) return;
     const schema = deref(doc, doc.components.schemas.JobSpec);
-    replace(form, buildFields(doc, schema, "", controls), h("div", { class: "form-actions" }, submit));
-    form.addEventListener("input", () => { idempotencyKey = randomId(); scheduleEstimate(); });
-    form.addEventListener("change", scheduleEstimate);
+    const built = buildForm(doc, schema, controls);
+    replace(form, built.nodes, h("div", { class: "form-actions" }, submit));
+    built.update();
+    form.addEventListener("input", () => { idempotencyKey = randomId(); built.update(); scheduleEstimate(); });
+    form.addEventListener("change", () => { built.update(); scheduleEstimate(); });
     form.addEventListener("submit", create);
     const first = controls.find((c) => c.required);
     if (first) first.input.focus();
@@ -204,6 +161,8 @@ export function jobForm(main) {
       while (path && !(slot = form.querySelector(`[data-error-for="${CSS.escape(path)}"]`))) path = path.split(".").slice(0, -1).join(".");
       if (!slot) { unplaced.push(error); continue; }
       slot.textContent = slot.textContent ? `${slot.textContent} ${error.message}` : error.message;
+      const closed = slot.closest("details");
+      if (closed) closed.open = true; // a problem is never left inside a collapsed section
       const input = form.querySelector(`[name="${CSS.escape(path)}"]`);
       if (input) input.setAttribute("aria-invalid", "true");
       placed.push({ error, target: input || slot });
@@ -230,7 +189,7 @@ export function jobForm(main) {
     const missing = controls.filter((c) => c.required && c.read() === undefined);
     if (missing.length) { // nothing typed yet: no errors before the user has done anything
       replace(estimate, h("h2", { id: "estimate-title", text: "Estimate" }),
-        h("p", { class: "muted", text: `Fill in ${missing.map((c) => c.path).join(", ")} to see the estimate.` }));
+        h("p", { class: "muted", text: `Fill in ${missing.map((c) => c.label).join(", ")} to see the estimate.` }));
       return;
     }
     try {

@@ -8,28 +8,26 @@
 
 import { api, ApiError } from "./api.js";
 import { fmtDuration, fmtTime, h, notify, replace, secondsBetween, STAGES, statusBadge, TERMINAL, throttle } from "./dom.js";
+import { jobEstimate, jobEtaLine, jobRemaining, latestAttempts, leftText, MIN_PROGRESS, stageRemaining } from "./eta.js";
 import { resultsPanels, trainingPanel } from "./job_results.js";
 import { EventStream } from "./sse.js";
 
 const METRICS_POLL_MS = 5000;
 const LEVELS = ["debug", "info", "warning", "error"];
 
-/** The latest attempt of each stage (the API lists every attempt, oldest first). */
-function latestAttempts(job) {
-  const latest = {};
-  for (const run of job.stages || []) latest[run.stage] = run;
-  return latest;
-}
-
-function stageLine(job, stage, run) {
+function stageLine(job, stage, run, reportedAt) {
   const attempts = (job.stages || []).filter((s) => s.stage === stage).length;
   let state = "pending";
   let detail = "";
+  let left = null;
   if (run) {
     state = run.status;
     const seconds = secondsBetween(run.started_at, run.finished_at);
     if (run.status === "running") {
+      const remaining = stageRemaining(run, reportedAt);
       detail = `${run.progress !== null && run.progress !== undefined ? `${Math.round(run.progress)}% · ` : ""}${fmtDuration(seconds)} so far`;
+      left = h("span", { class: "stage-eta", "data-eta": remaining ? String(Math.round(remaining.seconds)) : "",
+                         text: remaining ? leftText(remaining.seconds) : `time left once past ${MIN_PROGRESS}%` });
     } else {
       detail = `${fmtDuration(seconds)}${run.error_message ? ` · ${run.error_message}` : ""}`;
     }
@@ -40,6 +38,7 @@ function stageLine(job, stage, run) {
     h("span", { class: "stage-name", text: stage }),
     h("span", { class: "stage-state", text: state }),
     h("span", { class: "stage-detail", "data-duration": "", text: detail }),
+    left,
     attempts > 1 ? h("span", { class: "muted", text: ` (${attempts} attempts)` }) : null,
     progress);
 }
@@ -58,8 +57,12 @@ export function jobPage(main, route) {
   const actions = h("div", { class: "actions", id: "job-actions" });
   const facts = h("dl", { class: "facts inline", id: "job-facts" });
   const errorBox = h("div", { id: "job-error" });
+  const adviceBox = h("div", { id: "job-advice" });
   const live = h("p", { id: "live-state", class: "live", role: "status", "data-state": "connecting", text: "Connecting to live updates…" });
   const timeline = h("ol", { class: "timeline", id: "timeline", "aria-label": "Stages" });
+  const jobEta = h("div", { id: "job-eta-box" });
+  const reportedAt = {}; // stage -> when its latest progress was reported (the events' timestamps)
+  let estimate = null; // the API's estimate for this job's spec, for the stages not started yet
   const training = h("section", { id: "training", "aria-label": "Training" });
   const report = h("section", { id: "report", "aria-label": "Validation" });
   const serving = h("section", { id: "serving", "aria-label": "Serving commands" });
@@ -81,12 +84,12 @@ export function jobPage(main, route) {
   replace(main,
     h("p", {}, h("a", { href: "#/jobs", text: "← All jobs" })),
     h("div", { class: "page-head" }, h("div", {}, title, badge), actions),
-    facts, errorBox, live,
-    h("section", { "aria-labelledby": "timeline-title" }, h("h2", { id: "timeline-title", text: "Stages" }), timeline),
+    facts, errorBox, adviceBox, live,
+    h("section", { "aria-labelledby": "timeline-title" }, h("h2", { id: "timeline-title", text: "Stages" }), jobEta, timeline),
     training, report, serving, artifacts, publications, log);
 
   let refreshTraining = null; // needs the job's block size: made on the first load
-  const refreshResults = resultsPanels({ artifacts, report, serving }, jobId);
+  const refreshResults = resultsPanels({ adviceBox, artifacts, report, serving }, jobId);
   const guard = (what, fn) => async () => {
     try {
       await fn();
@@ -155,7 +158,12 @@ export function jobPage(main, route) {
 
   function renderTimeline() {
     const latest = latestAttempts(job);
-    replace(timeline, STAGES.map((stage) => stageLine(job, stage, latest[stage])));
+    replace(timeline, STAGES.map((stage) => stageLine(job, stage, latest[stage], reportedAt[stage])));
+    const run = STAGES.map((stage) => latest[stage]).find((r) => r && r.status === "running");
+    const remaining = jobRemaining(job, estimate, run ? stageRemaining(run, reportedAt[run.stage]) : null);
+    const open = Boolean(jobEta.querySelector("details[open]")); // redrawn every second: keep "how" open
+    replace(jobEta, jobEtaLine(remaining));
+    if (open && jobEta.querySelector("details")) jobEta.querySelector("details").open = true;
   }
 
   function renderError() {
@@ -196,6 +204,7 @@ export function jobPage(main, route) {
 
   function onEvent(event) {
     appendEvent(event);
+    if (event.progress !== null && event.progress !== undefined && event.stage) reportedAt[event.stage] = event.created_at;
     if (event.type !== "log" || event.progress !== null) refreshJob();
     if (event.type === "artifact.created" || (event.type === "stage.finished" && ["validate", "export"].includes(event.stage))) refreshArtifacts();
     if (event.stage === "train") refreshMetrics();
@@ -221,6 +230,7 @@ export function jobPage(main, route) {
   const stream = new EventStream(`${path}/events`, { onEvent, onState, onEnd });
   loadJob().then(() => {
     if (stopped) return;
+    if (!TERMINAL.has(job.status)) jobEstimate(job, api).then((result) => { estimate = result; });
     stream.start();
     refreshMetrics();
     refreshArtifacts();

@@ -6,7 +6,7 @@
 
 import { api, ApiError, downloadArtifact } from "./api.js";
 import { copyText, fmtBytes, fmtNum, h, notify, replace } from "./dom.js";
-import { findModelCard, findReportArtifact, headline, loadModelCard, loadReport, servingCommands } from "./report_data.js";
+import { findModelCard, findReportArtifact, headline, loadModelCard, loadReport, samplingStatus, servingCommands } from "./report_data.js";
 
 const Charts = () => window.DraftsmithCharts;
 
@@ -45,6 +45,30 @@ function verdict(passed) {
   return h("span", { text: "–" });
 }
 
+/** Validation's verdict on serving, as a banner: a drafter measured slower than the target says so first. */
+export function adviceBanner(advice) {
+  if (!advice) return null;
+  const kind = advice.enable === true ? "ok" : advice.enable === false ? "bad" : "warn";
+  return h("div", { class: `advice advice-${kind}`, id: "serving-advice", "data-enable": String(advice.enable) },
+    h("strong", { text: "Serving advice from validation: " }), advice.text);
+}
+
+function samplingCell(sampling) {
+  const status = samplingStatus(sampling);
+  if (status === "inconclusive") { // it tested nothing: never shown as a pass
+    return [h("span", { class: "warn", text: "not tested" }), `: ${sampling.reason || "the test could test nothing"}`];
+  }
+  return [verdict(status === "passed" ? true : status === "failed" ? false : null),
+    ` p = ${fmtNum(sampling.p_value, 4)} (α ${sampling.alpha ?? "–"}, ${sampling.draws ?? "–"} draws, ${sampling.cells ?? "–"} cells)`];
+}
+
+function overallVerdict(passed, sampling) {
+  if (passed === true && samplingStatus(sampling) === "inconclusive") {
+    return [h("span", { class: "warn", text: "passed on the greedy exact match only" }), " (the sampling test tested nothing)"];
+  }
+  return verdict(passed);
+}
+
 /** The validation report, whatever keys it has: missing ones show as "–". */
 export function renderReport(container, report, artifactName) {
   const r = report || {};
@@ -54,36 +78,41 @@ export function renderReport(container, report, artifactName) {
   const speed = r.speedup && typeof r.speedup === "object" ? r.speedup : {};
   const headroom = top.oracleTau !== null && top.tau !== null ? top.oracleTau - top.tau : null;
   const byBlock = r.estimated_speedup_by_block_size || {};
+  const against = top.advice && top.advice.enable === false;
+  const interval = top.speedupInterval ? `, 95 % interval ${fmtNum(top.speedupInterval[0], 2)}–${fmtNum(top.speedupInterval[1], 2)}×` : "";
+  const inconclusive = samplingStatus(sampling) === "inconclusive";
   const cards = h("div", { class: "cards" },
     card("τ (mean acceptance length)", fmtNum(top.tau, 3), `block size ${r.block_size ?? "–"}`, "tau"),
     card("oracle τ", fmtNum(top.oracleTau, 3), headroom === null ? "" : `headroom +${fmtNum(headroom, 3)} with a perfect choice among the drafter's top-K`, "oracle"),
     card("measured speedup", top.speedup === null ? "–" : `${fmtNum(top.speedup, 3)}×`,
-         speed.ar_tokens_per_s !== undefined ? `${fmtNum(speed.ar_tokens_per_s, 1)} → ${fmtNum(speed.spec_tokens_per_s, 1)} tokens/s` : "", "speedup"),
-    card("recommended block size", top.recommended === null ? "–" : String(top.recommended),
+         speed.ar_tokens_per_s !== undefined ? `${fmtNum(speed.ar_tokens_per_s, 1)} → ${fmtNum(speed.spec_tokens_per_s, 1)} tokens/s${interval}` : "", "speedup"),
+    // Advised against: the best block size is no recommendation, only the size to try on other hardware.
+    card(against ? "best block size, if enabled elsewhere" : "recommended block size", top.recommended === null ? "–" : String(top.recommended),
          [Number.isInteger(top.recommended) ? `draft length ${top.recommended - 1}` : "",
-          byBlock[top.recommended] !== undefined ? `estimated ${fmtNum(byBlock[top.recommended], 3)}×` : ""]
+          byBlock[top.recommended] !== undefined ? `estimated ${fmtNum(byBlock[top.recommended], 3)}×` : "",
+          against ? "not advised on this machine (see the serving advice at the top)" : ""]
            .filter(Boolean).join(", "), "recommended"),
     card("greedy mismatches", greedy.mismatches === undefined ? "–" : String(greedy.mismatches),
          greedy.prompts !== undefined ? `over ${greedy.prompts} prompts` : "", "mismatches"),
-    card("sampling test", sampling.p_value === undefined ? "–" : `p = ${fmtNum(sampling.p_value, 4)}`,
-         sampling.draws !== undefined ? `${sampling.draws} draws, α = ${sampling.alpha ?? "–"}` : "", "sampling"));
+    card("sampling test", inconclusive ? "not tested" : sampling.p_value === undefined ? "–" : `p = ${fmtNum(sampling.p_value, 4)}`,
+         inconclusive ? sampling.reason || "the test could test nothing"
+           : sampling.draws !== undefined ? `${sampling.draws} draws, α = ${sampling.alpha ?? "–"}` : "", "sampling"));
   const charts = h("div", { class: "chart-grid" });
   const lossless = h("table", { class: "facts", id: "lossless-table" },
     h("caption", { text: "Lossless checks" }),
     h("tbody", {},
-      h("tr", {}, h("th", { scope: "row", text: "verdict" }), h("td", {}, verdict(top.passed))),
+      h("tr", {}, h("th", { scope: "row", text: "verdict" }), h("td", {}, overallVerdict(top.passed, sampling))),
       h("tr", {}, h("th", { scope: "row", text: "greedy exact match" }),
         h("td", { text: `${greedy.mismatches ?? "–"} mismatches over ${greedy.prompts ?? "–"} prompts` })),
       h("tr", {}, h("th", { scope: "row", text: "first divergence" }),
         h("td", { class: "mono", text: greedy.first_divergence ? JSON.stringify(greedy.first_divergence) : "none" })),
-      h("tr", {}, h("th", { scope: "row", text: "sampling test" }),
-        h("td", {}, verdict(sampling.passed), ` p = ${fmtNum(sampling.p_value, 4)} (α ${sampling.alpha ?? "–"}, ${sampling.draws ?? "–"} draws, ${sampling.cells ?? "–"} cells)`)),
+      h("tr", {}, h("th", { scope: "row", text: "sampling test" }), h("td", { "data-sampling": samplingStatus(sampling) }, samplingCell(sampling))),
       h("tr", {}, h("th", { scope: "row", text: "method" }), h("td", { text: sampling.test || "–" })),
       h("tr", {}, h("th", { scope: "row", text: "speed measured with" }), h("td", { text: speed.decoding || "–" }))));
   replace(container, h("h2", { text: "Validation" }),
     h("p", { class: "muted", text: `From ${artifactName}.` }), cards, charts, lossless);
   const run = [{ label: "this drafter", report: r }];
-  const position = h("div");
+  const position = h("div", { class: "ds-wide" });
   const category = h("div");
   const block = h("div");
   charts.append(position, category, block);
@@ -124,12 +153,14 @@ export function renderArtifacts(container, jobId, artifacts) {
       h("tbody", {}, rows))));
 }
 
-export function renderServing(container, commands) {
+export function renderServing(container, commands, advice) {
   if (!commands.length) {
     replace(container);
     return;
   }
   replace(container, h("h2", { text: "Serve it" }),
+    advice && advice.enable === false
+      ? h("p", { class: "advice advice-bad", id: "serving-warning", text: `Before you serve it: ${advice.text}` }) : null,
     h("p", { class: "muted", text: "From the model card (README.md) of this drafter." }),
     commands.map((command, index) => {
       const codeId = `serving-${index}`;
@@ -150,24 +181,30 @@ export function renderServing(container, commands) {
 }
 
 /**
- * Artifacts, then (when they exist) the report and the model card. Returns a refresh function;
- * the report and card are fetched once per artifact sha256.
+ * Artifacts, then (when they exist) the report, its serving advice (in `adviceBox`, at the top of the
+ * page) and the model card. Returns a refresh function; the report and card are fetched once per
+ * artifact sha256.
  */
-export function resultsPanels({ artifacts, report, serving }, jobId) {
+export function resultsPanels({ adviceBox, artifacts, report, serving }, jobId) {
   let reportSha = null;
   let cardSha = null;
+  let advice = null;
   return async function refresh() {
     const list = (await api(`/v1/jobs/${encodeURIComponent(jobId)}/artifacts`)).data;
     renderArtifacts(artifacts, jobId, list);
     const reportArtifact = findReportArtifact(list);
     if (reportArtifact && reportArtifact.sha256 !== reportSha) {
-      renderReport(report, await loadReport(jobId, reportArtifact), reportArtifact.name);
+      const loaded = await loadReport(jobId, reportArtifact);
+      advice = headline(loaded).advice;
+      replace(adviceBox, adviceBanner(advice));
+      renderReport(report, loaded, reportArtifact.name);
       reportSha = reportArtifact.sha256;
     }
     const cardArtifact = findModelCard(list);
-    if (cardArtifact && cardArtifact.sha256 !== cardSha) {
-      renderServing(serving, servingCommands(await loadModelCard(jobId, cardArtifact)));
-      cardSha = cardArtifact.sha256;
+    const cardKey = cardArtifact && `${cardArtifact.sha256}|${reportSha}`; // the warning follows the report
+    if (cardArtifact && cardKey !== cardSha) {
+      renderServing(serving, servingCommands(await loadModelCard(jobId, cardArtifact)), advice);
+      cardSha = cardKey;
     }
     return list;
   };

@@ -1,9 +1,12 @@
 // The jobs list: newest first, filtered by status and label (kept in the URL so a filtered view can
 // be shared), refreshed every few seconds while the tab is visible, with τ and speedup read from
-// each job's validation report. Ticking two or more jobs opens them side by side.
+// each job's validation report, and the time left of every running job (eta.js: the running stage's
+// from its measured rate, the whole job's where the API's estimate covers the rest). Ticking two or
+// more jobs opens them side by side.
 
 import { api, ApiError } from "./api.js";
 import { fmtAge, fmtNum, h, notify, replace, statusBadge } from "./dom.js";
+import { jobEstimate, jobRemaining, latestAttempts, leftText, stageRemaining } from "./eta.js";
 import { jobSummary } from "./report_data.js";
 
 const REFRESH_MS = 3000;
@@ -92,12 +95,13 @@ export function jobsList(main, route) {
     const speedup = h("td", { class: "num", "data-col": "speedup", text: "…" });
     const progress = job.stage_progress !== null && job.stage_progress !== undefined && !["succeeded", "failed", "cancelled"].includes(job.status)
       ? h("span", { class: "muted", text: ` ${Math.round(job.stage_progress)}%` }) : null;
+    const eta = h("div", { class: "muted", "data-col": "eta" });
     const labels = Object.entries(job.labels || {}).map(([k, v]) => h("span", { class: "label-chip", text: `${k}:${v}` }));
     const tr = h("tr", { "data-job-id": job.id, "data-status": job.status },
       h("td", {}, box),
       h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(job.id)}`, text: job.name || job.id }),
         job.name ? h("div", { class: "muted mono", text: job.id }) : null, labels.length ? h("div", {}, labels) : null),
-      h("td", {}, statusBadge(job.status), progress,
+      h("td", {}, statusBadge(job.status), progress, eta,
         job.error ? h("div", { class: "muted", title: job.error.message, text: `${job.error.code} in ${job.error.stage || "?"}` }) : null),
       h("td", { class: "mono", text: (spec.target || {}).uri || "–" }),
       h("td", { text: drafter.variant || "–" }),
@@ -111,6 +115,29 @@ export function jobsList(main, route) {
     return tr;
   }
 
+  /**
+   * The running stage's time left and the whole job's, counted down at every refresh. The list has no
+   * event timestamps: the job's updated_at (bumped by every event) stands for when its progress was reported.
+   */
+  function showEta(tr, job) {
+    const cell = tr.querySelector("[data-col=eta]");
+    const run = Object.values(latestAttempts(job)).find((r) => r.status === "running");
+    const stage = run ? stageRemaining(run, job.updated_at) : null;
+    if (!stage) {
+      cell.textContent = "";
+      return;
+    }
+    cell.textContent = `${run.stage} ${leftText(stage.seconds)}`;
+    cell.dataset.eta = String(Math.round(stage.seconds));
+    jobEstimate(job, api).then((estimate) => {
+      const whole = jobRemaining(job, estimate, stage);
+      if (whole && !stopped) {
+        cell.textContent = `${run.stage} ${leftText(stage.seconds)}; whole job ${leftText(whole.seconds)}`;
+        cell.dataset.jobEta = String(Math.round(whole.seconds));
+      }
+    });
+  }
+
   // Rows are kept while their job is unchanged, so a refresh does not take the keyboard focus
   // away from a checkbox or link inside the table.
   const rows = new Map(); // job id -> {tr, version}
@@ -120,9 +147,11 @@ export function jobsList(main, route) {
       const known = rows.get(job.id);
       if (known && known.version === version) {
         known.tr.querySelector("[data-col=age]").textContent = fmtAge(job.created_at);
+        showEta(known.tr, job);
         return known.tr;
       }
       const tr = row(job);
+      showEta(tr, job);
       if (known) known.tr.replaceWith(tr);
       rows.set(job.id, { tr, version });
       return tr;

@@ -49,8 +49,9 @@ export async function loadModelCard(jobId, artifact) {
 }
 
 /**
- * The serving commands of a model card: the fenced code blocks of its "Serving" section, each
- * titled by the line before it ("SGLang:", "vLLM:" ...).
+ * The serving commands of a model card: the fenced code blocks of its "Serving" section, each titled
+ * by the paragraph before it, up to its first colon or parenthesis ("SGLang:", "vLLM: vLLM serves ...",
+ * "llama.cpp (the command ...)" give SGLang, vLLM, llama.cpp).
  */
 export function servingCommands(markdown) {
   if (!markdown) return [];
@@ -58,7 +59,7 @@ export function servingCommands(markdown) {
   const start = lines.findIndex((line) => /^#{1,6}\s+Serving\b/i.test(line));
   if (start < 0) return [];
   const commands = [];
-  let title = "";
+  let paragraph = null; // the first line of the paragraph before the next fence
   for (let i = start + 1; i < lines.length; i++) {
     const line = lines[i];
     if (/^#{1,6}\s/.test(line)) break; // the next section
@@ -66,26 +67,54 @@ export function servingCommands(markdown) {
     if (fence) {
       const body = [];
       for (i += 1; i < lines.length && !/^```/.test(lines[i]); i++) body.push(lines[i]);
-      commands.push({ title: title.replace(/[:.]\s*$/, "") || `command ${commands.length + 1}`, language: fence[1] || "",
-                      code: body.join("\n") });
-      title = "";
-    } else if (line.trim()) {
-      title = line.trim();
+      const title = (paragraph || "").split(/:|\s\(/)[0].replace(/[.,]\s*$/, "").trim();
+      commands.push({ title: title || `command ${commands.length + 1}`, language: fence[1] || "", code: body.join("\n") });
+      paragraph = null;
+    } else if (!line.trim()) {
+      paragraph = null;
+    } else if (paragraph === null) {
+      paragraph = line.trim();
     }
   }
   return commands;
 }
 
-/** τ, speedup and the recommended block size from a report, whatever keys it has. */
+/**
+ * "passed", "failed", "inconclusive" (it could test nothing: never a pass) or null, from the sampling
+ * test's `status`, or the `passed` flag of reports older than it.
+ */
+export function samplingStatus(sampling) {
+  const s = sampling || {};
+  if (["passed", "failed", "inconclusive"].includes(s.status)) return s.status;
+  return s.passed === true ? "passed" : s.passed === false ? "failed" : null;
+}
+
+/**
+ * Validation's verdict on serving (report.json `serving_advice`): {enable: true | false | null, text}
+ * with the summary as a sentence, or null for a report without one.
+ */
+export function servingAdvice(report) {
+  const advice = (report || {}).serving_advice;
+  const summary = advice && typeof advice.summary === "string" ? advice.summary.trim() : "";
+  if (!summary) return null;
+  const text = `${summary.charAt(0).toUpperCase()}${summary.slice(1)}${summary.endsWith(".") ? "" : "."}`;
+  return { enable: typeof advice.enable === "boolean" ? advice.enable : null, text };
+}
+
+/** τ, speedup, the recommended block size and the serving advice from a report, whatever keys it has. */
 export function headline(report) {
   const r = report || {};
   const speed = r.speedup && typeof r.speedup === "object" ? r.speedup : {};
+  const interval = Array.isArray(speed.ratio_ci95) && speed.ratio_ci95.length === 2 && speed.ratio_ci95.every((v) => typeof v === "number")
+    ? speed.ratio_ci95 : null;
   return {
     tau: typeof r.tau === "number" ? r.tau : null,
     oracleTau: typeof r.oracle_tau === "number" ? r.oracle_tau : null,
     speedup: typeof speed.ratio === "number" ? speed.ratio : (typeof r.speedup === "number" ? r.speedup : null),
+    speedupInterval: interval,
     recommended: r.recommended_block_size ?? null,
     passed: typeof r.passed === "boolean" ? r.passed : null,
+    advice: servingAdvice(r),
   };
 }
 
@@ -98,7 +127,7 @@ const MAY_HAVE_REPORT = new Set(["exporting", "publishing", "succeeded", "failed
 export async function jobSummary(job) {
   const cached = summaryCache.get(job.id);
   if (cached && (cached.status === job.status || cached.summary.tau !== null)) return cached.summary;
-  let summary = { tau: null, speedup: null, recommended: null, passed: null };
+  let summary = { tau: null, speedup: null, recommended: null, passed: null, advice: null };
   const validated = (job.stages || []).some((s) => s.stage === "validate" && s.status === "succeeded");
   if (validated || MAY_HAVE_REPORT.has(job.status)) {
     const artifacts = await api(`/v1/jobs/${encodeURIComponent(job.id)}/artifacts`);
