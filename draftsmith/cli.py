@@ -28,6 +28,8 @@ LAZY_COMMANDS: dict[str, str] = {
     "worker": "worker.cli:worker",
     "serve": "worker.cli:serve",
     "submit": "draftsmith.submit:submit",
+    "resume": "draftsmith.submit:resume",
+    "cancel": "draftsmith.submit:cancel",
     "audit": "draftsmith.pipeline_cli:audit",
     "drafters": "draftsmith.pipeline_cli:drafters",
     "usage": "draftsmith.pipeline_cli:usage",

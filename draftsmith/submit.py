@@ -25,23 +25,31 @@ def _set_field(body: dict, assignment: str) -> None:
     node[leaf] = value
 
 
+def _server_options(command):
+    command = click.option("--api-key", envvar="DRAFTSMITH_API_KEY", default=None,
+                           help="env DRAFTSMITH_API_KEY.")(command)
+    return click.option("--url", envvar="DRAFTSMITH_URL", default="http://127.0.0.1:8000", show_default=True,
+                        help="The server (env DRAFTSMITH_URL).")(command)
+
+
+def _follow_options(command):
+    command = click.option("--download", "download_dir", type=click.Path(path_type=Path), default=None,
+                           help="After success, download every artifact here and verify it against the manifest "
+                                "(implies --wait).")(command)
+    return click.option("--wait", is_flag=True, help="Follow the job with a progress bar until it ends.")(command)
+
+
 @click.command()
-@click.option("--url", envvar="DRAFTSMITH_URL", default="http://127.0.0.1:8000", show_default=True,
-              help="The server (env DRAFTSMITH_URL).")
-@click.option("--api-key", envvar="DRAFTSMITH_API_KEY", default=None, help="env DRAFTSMITH_API_KEY.")
+@_server_options
 @click.option("--target", default=None, help="Target URI: bundled:NAME, hf://org/name[@rev], s3://..., file:///...")
 @click.option("--spec", "spec_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
               help="A job spec (JSON body of POST /v1/jobs); --target and --set override its fields.")
 @click.option("--set", "assignments", multiple=True, metavar="FIELD=VALUE",
               help="Set a spec field, e.g. --set training.max_steps=50 --set drafter.block_size=16 (repeatable).")
 @click.option("--idempotency-key", default=None, help="Submitting again with the same key returns the same job.")
-@click.option("--wait", is_flag=True, help="Follow the job with a progress bar until it ends.")
-@click.option("--download", "download_dir", type=click.Path(path_type=Path), default=None,
-              help="After success, download every artifact here and verify it against the manifest (implies --wait).")
+@_follow_options
 def submit(url, api_key, target, spec_file, assignments, idempotency_key, wait, download_dir) -> None:
     """Submit a drafter-training job; with --wait, exit 0 only if it succeeds."""
-    from draftsmith.client import ApiError, Client, DownloadError, Unreachable
-
     body = json.loads(spec_file.read_text()) if spec_file else {}
     if target:
         body.setdefault("target", {})["uri"] = target
@@ -49,15 +57,39 @@ def submit(url, api_key, target, spec_file, assignments, idempotency_key, wait, 
         _set_field(body, assignment)
     if "target" not in body:
         raise click.UsageError("give --target URI or --spec FILE")
+    _act(url, api_key, lambda client: client.create_job(body, idempotency_key=idempotency_key), wait, download_dir)
+
+
+@click.command()
+@_server_options
+@click.argument("job_id")
+@_follow_options
+def resume(url, api_key, job_id, wait, download_dir) -> None:
+    """Resume a failed or cancelled job from its last finished stage and checkpoint."""
+    _act(url, api_key, lambda client: client.resume(job_id), wait, download_dir)
+
+
+@click.command()
+@_server_options
+@click.argument("job_id")
+def cancel(url, api_key, job_id) -> None:
+    """Cancel a job (training stops at its next step, with a checkpoint; `draftsmith resume` continues it)."""
+    _act(url, api_key, lambda client: client.cancel(job_id), False, None)
+
+
+def _act(url, api_key, start, wait: bool, download_dir: Path | None) -> None:
+    """Start something on the server (`start(client)` returns the job), then optionally follow it to the end."""
+    from draftsmith.client import ApiError, Client, DownloadError, Unreachable
+
     with Client(url, api_key) as client:
         try:
-            job = client.create_job(body, idempotency_key=idempotency_key)
+            job = start(client)
             click.echo(f"job {job['id']} {job['status']}", err=True)
             if not (wait or download_dir):
                 click.echo(job["id"])
                 return
             job = client.wait(job["id"], on_event=_progress_printer())
-            _report(job)
+            _report(job, client)
             if job["status"] != "succeeded":  # 3: the lossless check failed (never serve it); 1: anything else
                 sys.exit(3 if (job.get("error") or {}).get("code") == "not_lossless" else 1)
             if download_dir:
@@ -72,10 +104,12 @@ def submit(url, api_key, target, spec_file, assignments, idempotency_key, wait, 
 
 def _progress_printer():
     """An event callback drawing one progress bar per stage (rich), fed by the SSE stream."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    # The remaining time is rich's estimate from the stage's own progress rate.
     progress = Progress(TextColumn("{task.description:<10}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                        TimeElapsedColumn(), TextColumn("{task.fields[detail]}"), transient=False)
+                        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[detail]}"),
+                        transient=False)
     bars: dict[str, int] = {}
     plain = not progress.console.is_terminal
 
@@ -101,11 +135,15 @@ def _progress_printer():
     return on_event
 
 
-def _report(job: dict) -> None:
+def _report(job: dict, client) -> None:
     summary = {"id": job["id"], "status": job["status"], "run_attempts": job.get("run_attempts"),
                "stages": {s["stage"]: s["status"] for s in job["stages"]}}
     if job.get("error"):
         summary["error"] = job["error"]
     if job.get("publications"):
         summary["publications"] = [p["location"] for p in job["publications"]]
+    drafters = client.drafters(job_id=job["id"], limit=1) if job["status"] == "succeeded" else []
+    if drafters:  # what the job made, as its validation measured it
+        metrics = drafters[0].get("metrics") or {}
+        summary.update({k: metrics.get(k) for k in ("tau", "speedup", "recommended_block_size", "lossless_passed")})
     click.echo(json.dumps(summary, indent=2), err=True)

@@ -52,6 +52,8 @@ def test_serve_runs_a_submitted_job_to_verified_artifacts(tmp_path, models):
         job_id = submit.stdout.strip().splitlines()[-1]
         assert re.fullmatch(r"job_[0-9A-Z]{26}", job_id)
         assert "train" in submit.stderr and "100.0%" in submit.stderr  # the progress fed by the event stream
+        summary = json.loads(submit.stderr[submit.stderr.index('{\n  "id"'):].split("\n}\n")[0] + "\n}")
+        assert summary["lossless_passed"] is True and summary["tau"] >= 1.0 and summary["speedup"] > 0
         assert verify_manifest(tmp_path / "artifacts") == []
         assert (tmp_path / "artifacts" / "gguf" / "drafter-q8_0.gguf").is_file()
         # Everything lives under the data directory: database, broker messages, storage, worker cache.
@@ -62,6 +64,12 @@ def test_serve_runs_a_submitted_job_to_verified_artifacts(tmp_path, models):
             [sys.executable, "-m", "draftsmith.cli", "submit", "--url", url, "--api-key", KEY,
              "--target", f"file://{models}/missing", "--wait"], capture_output=True, text=True, timeout=300, env=env)
         assert failing.returncode == 1 and "target_not_found" in failing.stderr
+        failed_id = failing.stderr.split()[1]  # "job <id> queued"
+        resumed = subprocess.run(  # `draftsmith resume` takes it up again (and it fails again: still no target)
+            [sys.executable, "-m", "draftsmith.cli", "resume", failed_id, "--url", url, "--api-key", KEY, "--wait"],
+            capture_output=True, text=True, timeout=300, env=env)
+        assert resumed.returncode == 1 and f"job {failed_id}" in resumed.stderr, resumed.stderr[-2000:]
+        assert "target_not_found" in resumed.stderr
     finally:
         server.stop()
     wait_until(lambda: not _worker_processes_of(data_dir), 30, "the worker to exit with serve")
