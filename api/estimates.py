@@ -19,6 +19,7 @@ from api.schemas import EstimateOut, GpuEstimate
 from schemas.bounds import plausible_target_parameters_billion
 from schemas.job_spec import JobSpec
 from schemas.prompts import BUILTIN_PROMPT_COUNT
+from schemas.validation_plan import validation_tokens
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ GPU_CLASSES: dict[str, GpuClass] = {
 DEFAULT_TARGET_PARAMS_B = 8.0
 BUNDLED_PARAMS_B = {"bundled:smollm2-135m": 0.135}
 MULTI_GPU_EFFICIENCY = 0.85  # data parallel loses some throughput to communication
+BATCH_ONE_SLOWDOWN = 7.0
+"""Batch-1 decoding (validation's timed subset) against the batched rate: 31 vs 215 tokens/s for SmolLM2-135M on
+cpu-2core (DESIGN.md §6); GPUs lose at least as much at batch 1."""
 FIXED_OVERHEAD_MINUTES = 5.0  # resolve/verify target, export, publish
 _PARAMS_IN_NAME_RE = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)\s*[bB](?![A-Za-z0-9])")
 
@@ -106,8 +110,12 @@ def estimate_job(
         limited_by = "max_steps"
         if spec.training.max_minutes is not None and training_min > spec.training.max_minutes:
             training_min, limited_by = spec.training.max_minutes, "max_minutes"
-        # Validation decodes the held-out prompts twice: target alone, then with the drafter.
-        validation_min = 2 * holdout * max_new / generate_rate / 60
+        # Validation's plan (schemas/validation_plan.py): batched references and sampling draws at the batched
+        # rate, the timed subset at batch 1, BATCH_ONE_SLOWDOWN times slower.
+        decoded = validation_tokens(min(spec.validation.prompts, holdout), spec.validation.max_new_tokens,
+                                    spec.validation.sampling_draws)
+        validation_min = ((decoded.batched + decoded.sampled) / generate_rate
+                          + decoded.batch_one * BATCH_ONE_SLOWDOWN / generate_rate) / 60
         overhead_min = FIXED_OVERHEAD_MINUTES + params_b * 0.25
         total_min = generation_min + training_min + validation_min + overhead_min
         estimates.append(
@@ -137,6 +145,8 @@ def estimate_job(
                         f"{g.train_tokens_per_s_1b:g} drafter tok/s, ${g.price_per_hour_usd}/h" for g in classes),
             f"multi-GPU runs keep {MULTI_GPU_EFFICIENCY:.0%} of linear scaling; GPUs added until bf16 weights "
             "+30% fit in memory",
+            f"validation decodes each of its prompts once in batches, a third of them twice at batch 1 "
+            f"({BATCH_ONE_SLOWDOWN:g}x slower per token) and the sampling test's draws",
             f"fixed overhead {FIXED_OVERHEAD_MINUTES:g} min plus 0.25 min per billion parameters to load the target",
         ],
     )

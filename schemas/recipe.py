@@ -14,15 +14,18 @@ BLOCK_SIZE = 8
 """Tokens per draft block: the anchor and B-1 drafted tokens."""
 NUM_LAYERS = 2
 """Decoder layers of the drafter."""
-MAX_NEW_TOKENS = 128
-"""Tokens the target regenerates per training prompt."""
+MAX_NEW_TOKENS = 64
+"""Tokens the target regenerates per training prompt. 64 fits the main job's generation in ~5 minutes on two slow
+CPU cores (issue 19); the drafter sees every prompt many times over at the default steps either way."""
 HOLDOUT_SHARE = 0.11
 """Share of the prompts held out for validation."""
-TRAIN_STEPS = 450
-"""Optimizer steps. With bfloat16 matmuls (below) 450 steps take the CPU time 300 float32 ones did, and
-held out tau 1.380 against 1.342 at 300 (docs/RECIPE_STUDY.md: `steps1.5x`, paired +0.038 [+0.022, +0.054])."""
-TRAIN_MAX_MINUTES: float | None = 12.0
-"""Wall-clock cap on training; a safety net sized for the default steps on 2 CPU cores (None: no cap)."""
+TRAIN_STEPS = 200
+"""Optimizer steps: as many as fit TRAIN_MAX_MINUTES on two CPU cores at their slowest measured speed, so the
+main job trains the same steps, and reaches the same tau, on a slow day as on a fast one (more steps buy tau:
+450 gave 1.380 against 1.342 at 300, docs/RECIPE_STUDY.md `steps1.5x`; scale them on GPUs)."""
+TRAIN_MAX_MINUTES: float | None = 6.0
+"""Training's time budget (None: none). The learning-rate schedule follows the larger of step/steps and
+elapsed/budget (trainer/training/schedule.py), so a machine too slow for the steps still ends its decay on time."""
 BF16_MATMULS = True
 """Train a float32 (CPU) target's drafter with bfloat16 matmuls and LM head (weights, optimizer and losses stay
 float32): held-out tau unchanged, about 1.5x the steps per CPU second on CPUs with bfloat16 units. A no-op for

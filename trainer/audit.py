@@ -126,7 +126,8 @@ def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt
     """Measure the drafter at `drafter_path` against `target` on `prompts`; see the module docstring.
     `reference_tau`: its tau on its own target; None reads the report.json beside it, if any.
     Raises IncompatibleDrafter (naming the mismatch) when it cannot run against this target at all."""
-    from trainer.validation.report import timed_prompt_count, validate
+    from schemas.validation_plan import validation_tokens
+    from trainer.validation.report import validate
 
     started = time.perf_counter()
     directory, report_file = drafter_directory(drafter_path)
@@ -162,7 +163,7 @@ def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt
         "sampling_parameters": params.model_dump(mode="json"),
         "validation_max_new_tokens": max_new_tokens,
         "target_fingerprint": target.fingerprint,
-        "tokens_generated": (len(prompts) + 2 * timed_prompt_count(len(prompts))) * max_new_tokens + sampling_draws,
+        "tokens_generated": validation_tokens(len(prompts), max_new_tokens, sampling_draws).total,
         "minutes": round((time.perf_counter() - started) / 60, 2),
     }
 

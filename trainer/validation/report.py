@@ -22,7 +22,6 @@ group), so a caller can stop validation within seconds by raising from it.
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import statistics
@@ -32,6 +31,7 @@ from collections.abc import Callable
 import torch
 
 from schemas.sampling import SamplingParams
+from schemas.validation_plan import REFERENCE_BATCH, SAMPLED_TOKENS_PER_DRAW, timed_prompt_count
 from trainer.data.prompts import Prompt
 from trainer.drafter.model import Drafter, DrafterCache
 from trainer.errors import DraftsmithError
@@ -44,12 +44,6 @@ from trainer.validation.replay import GreedyReference, replay_greedy
 from trainer.validation.sampling_test import sampling_lossless_test
 
 SAMPLING_ALPHA = 1e-3
-TIMED_SHARE = 1 / 3
-"""Share of the validation prompts decoded at batch 1 by the target alone and speculatively (timed and
-checked token for token); at least TIMED_MIN of them."""
-TIMED_MIN = 2
-REFERENCE_BATCH = 8
-"""Prompts the target answers at once for the references (batched greedy decoding: ~10x the tokens/s)."""
 
 
 class ValidationFailed(DraftsmithError):
@@ -80,10 +74,6 @@ def check_compatible(target: Target, drafter: Drafter) -> None:
                         "(different tokenizer or embedding)")
     if problems:
         raise DraftsmithError("the drafter was built for another target: " + "; ".join(problems))
-
-
-def timed_prompt_count(prompts: int) -> int:
-    return min(prompts, max(TIMED_MIN, math.ceil(prompts * TIMED_SHARE)))
 
 
 Progress = Callable[[int, int, str], None]
@@ -145,7 +135,7 @@ def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: Sa
 
     sampling_params = params if not params.greedy else params.model_copy(update={"temperature": 1.0})
     sampling = sampling_lossless_test(served, rendered[:sampled_prompts], sampling_params, draws=sampling_draws,
-                                      seed=params.seed,
+                                      tokens=SAMPLED_TOKENS_PER_DRAW, seed=params.seed,
                                       on_prompt=lambda: progress.step(detail="speculative-sampling test"))
     sampling_passed = sampling["status"] == "tested" and sampling["p_value"] >= SAMPLING_ALPHA
     if sampling["status"] == "tested":
