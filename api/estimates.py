@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from api.schemas import EstimateOut, GpuEstimate
+from schemas import recipe
 from schemas.bounds import plausible_target_parameters_billion
 from schemas.job_spec import JobSpec
 from schemas.prompts import BUILTIN_PROMPT_COUNT
@@ -77,7 +78,7 @@ def source_size(spec: JobSpec, uploaded_prompts: int | None) -> tuple[int, str]:
         prompts = min(count, uploaded_prompts) if count else uploaded_prompts
         return prompts, f"{prompts} prompts from the uploaded file {spec.data.source} ({uploaded_prompts} in it)"
     if spec.data.source == "builtin":
-        prompts = min(count, BUILTIN_PROMPT_COUNT) if count else BUILTIN_PROMPT_COUNT
+        prompts = min(count or recipe.BUILTIN_PROMPTS, BUILTIN_PROMPT_COUNT)
         return prompts, f"{prompts} prompts from the built-in set ({BUILTIN_PROMPT_COUNT} in it)"
     if count:
         return count, f"data.count = {count} prompts (at most; the source is counted when the job runs)"

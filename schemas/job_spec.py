@@ -31,7 +31,7 @@ from pydantic import (
 
 from schemas import recipe
 from schemas.bounds import INT32_MAX, SingleLineText, check_text, resolved_path_within_roots
-from schemas.prompts import MAX_PROMPTS_PER_JOB
+from schemas.prompts import BUILTIN_PROMPT_COUNT, MAX_PROMPTS_PER_JOB
 from schemas.sampling import SamplingParams
 
 BUNDLED_TARGETS: frozenset[str] = frozenset({"smollm2-135m"})
@@ -210,7 +210,8 @@ class DataSpec(StrictModel):
     )
     count: int | None = Field(
         default=None, ge=1, le=MAX_PROMPTS_PER_JOB,
-        description="Prompts drawn from the source, hold-out included (a seeded sample); null: every prompt.",
+        description="Prompts drawn from the source, hold-out included (a seeded sample per category); null: every "
+        f"prompt, or {recipe.BUILTIN_PROMPTS} of the built-in set's {BUILTIN_PROMPT_COUNT}.",
     )
     holdout_share: float = Field(
         default=recipe.HOLDOUT_SHARE, gt=0.0, le=0.5, description="Share of prompts held out for validation, in (0, 0.5]."

@@ -14,12 +14,16 @@ BLOCK_SIZE = 8
 """Tokens per draft block: the anchor and B-1 drafted tokens."""
 NUM_LAYERS = 2
 """Decoder layers of the drafter."""
-MAX_NEW_TOKENS = 64
-"""Tokens the target regenerates per training prompt. 64 fits the main job's generation in ~5 minutes on two slow
-CPU cores (issue 19); the drafter sees every prompt many times over at the default steps either way."""
+MAX_NEW_TOKENS = 128
+"""Tokens the target regenerates per training prompt."""
+BUILTIN_PROMPTS = 256
+"""Prompts a job draws from the built-in set (640) when data.count is not given, hold-out included: the main job's
+generation in ~5 minutes on two slow CPU cores (issue 19). Per token generated, long answers cost less than many
+prompts (a prompt's prefill costs as much as ~40 decode steps of its batch), so the job keeps 128 tokens and
+draws fewer prompts. Every category keeps its share (trainer/data/prompts.py `sample_prompts`)."""
 HOLDOUT_SHARE = 0.11
 """Share of the prompts held out for validation."""
-TRAIN_STEPS = 200
+TRAIN_STEPS = 120
 """Optimizer steps: as many as fit TRAIN_MAX_MINUTES on two CPU cores at their slowest measured speed, so the
 main job trains the same steps, and reaches the same tau, on a slow day as on a fast one (more steps buy tau:
 450 gave 1.380 against 1.342 at 300, docs/RECIPE_STUDY.md `steps1.5x`; scale them on GPUs)."""
@@ -28,8 +32,9 @@ TRAIN_MAX_MINUTES: float | None = 6.0
 elapsed/budget (trainer/training/schedule.py), so a machine too slow for the steps still ends its decay on time."""
 BF16_MATMULS = True
 """Train a float32 (CPU) target's drafter with bfloat16 matmuls and LM head (weights, optimizer and losses stay
-float32): held-out tau unchanged, about 1.5x the steps per CPU second on CPUs with bfloat16 units. A no-op for
-bfloat16 targets (GPUs)."""
+float32): held-out tau unchanged, about 1.5x the steps per CPU second on CPUs with bfloat16 units. Used only where
+bfloat16 pays off (trainer/training/objective.py `bf16_matmuls_pay_off`: an AVX2 CPU emulates it ~7x slower); a
+no-op for bfloat16 targets (GPUs)."""
 LEARNING_RATE = 2e-3
 """Peak AdamW learning rate (warm-up, then cosine decay)."""
 BATCH_SIZE = 16
@@ -41,18 +46,20 @@ DRAFT_VOCAB_SIZE: int | None = 8192
 always uses the full vocabulary, so output is unchanged). On this CPU it cuts a block-8 draft from 43 to 11 ms
 at the same held-out tau (1.380; 93 % of held-out tokens covered), docs/RECIPE_STUDY.md. The full head is
 still exported for engines that read no draft vocabulary. None: the whole vocabulary."""
-TRAIN_ON_DRAFT_VOCAB = False
+TRAIN_ON_DRAFT_VOCAB = True
 """Train the drafter's cross-entropy over the draft vocabulary's logits only (EAGLE-3's recipe) instead of the
-full vocabulary's: the LM head is most of a CPU training step, so this buys ~vocab/DRAFT_VOCAB_SIZE cheaper
-heads and more steps per minute."""
+full vocabulary's. The full head is most of a CPU training step: on this AVX2 machine a float32 step took 4.8 s
+with it and 2.5 s without (2 threads, 2026-12-02). At equal steps it cost -0.028 tau [-0.045, -0.011]
+(docs/RECIPE_STUDY.md `vocab-ce`); in a time budget it trains ~2x the steps."""
 ZERO_STAGE = 2
 """DeepSpeed ZeRO stage: 2, or 3 for drafters too large to replicate."""
 CHECKPOINT_EVERY = 200
 """Optimizer steps between resumable checkpoints (one is always written at the end and on cancellation)."""
 SEED = 0
 """Seed of every random choice (prompt split, sampling, initialisation, data order)."""
-VALIDATION_PROMPTS = 24
-"""Held-out prompts decoded by validation (greedy exact match, acceptance, timing)."""
+VALIDATION_PROMPTS = 18
+"""Held-out prompts decoded by validation (greedy exact match, acceptance, timing): 3 per category of the built-in
+set, a timed subset of 6 (schemas/validation_plan.py); ~4 minutes on two slow CPU cores."""
 VALIDATION_MAX_NEW_TOKENS = 96
 """Tokens generated per validation prompt."""
 SAMPLING_DRAWS = 300

@@ -208,11 +208,11 @@ def compare_with_parent(target: Target, parent_path: str | Path, prompts: list[P
 
 def audit_prompts(source: str, spec: AuditSpec) -> list[Prompt]:
     """The prompts an audit measures: the hold-out of the (sampled) source, as a job's validation chooses them."""
-    from trainer.data.prompts import load_prompts, sample_prompts, split_prompts
+    from trainer.data.prompts import draw_prompts, split_prompts
 
     assert spec.data is not None and spec.validation is not None and spec.sampling is not None
     seed = spec.sampling.seed
-    prompts = sample_prompts(load_prompts(source), spec.data.count, seed)
+    prompts = draw_prompts(source, spec.data.count, seed)
     return split_prompts(prompts, spec.data.holdout_share, seed)[1][:spec.validation.prompts]
 
 

@@ -93,7 +93,8 @@ def parse_spec(body: dict):
               help="A job spec (the JSON body of POST /v1/jobs); flags given here override its fields.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out, skipping finished stages.")
 @click.option("--prompts", default=None, help="builtin (default) or a .jsonl/.parquet prompts file.")
-@click.option("--num-prompts", type=int, default=None, help="Prompts drawn from the source, hold-out included (default all).")
+@click.option("--num-prompts", type=int, default=None, help="Prompts drawn from the source, hold-out included (default all; "
+              f"{recipe.BUILTIN_PROMPTS} of the built-in set).")
 @click.option("--holdout", type=float, default=None, help=f"Hold-out share (default {recipe.HOLDOUT_SHARE}).")
 @click.option("--variant", type=click.Choice(["dflash2", "dflash"]), default=None, help=f"Default {recipe.VARIANT}.")
 @click.option("--num-layers", type=int, default=None, help=f"Drafter layers (default {recipe.NUM_LAYERS}).")

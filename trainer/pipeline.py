@@ -182,9 +182,9 @@ class JobStages:
         return self._target
 
     def prompts(self):
-        from trainer.data.prompts import load_prompts, sample_prompts, split_prompts
+        from trainer.data.prompts import draw_prompts, split_prompts
 
-        prompts = sample_prompts(load_prompts(self.config.prompts), self.config.num_prompts, self.config.sampling.seed)
+        prompts = draw_prompts(self.config.prompts, self.config.num_prompts, self.config.sampling.seed)
         return split_prompts(prompts, self.config.holdout, self.config.sampling.seed)
 
     def prepared(self) -> dict:
@@ -253,7 +253,17 @@ class JobStages:
                       target=self.target if in_process else None)
         records = self.layout.metrics.read_text().splitlines()
         last = json.loads(records[-1])
-        return {"steps": last["step"], "final_loss": last["loss"], "train_tau_estimate": last["train_tau_estimate"]}
+        import torch
+
+        from trainer.training.objective import bf16_matmuls_pay_off
+
+        budget = last.get("budget_s")
+        return {"steps": last["step"], "planned_steps": self.config.train.steps,
+                "budget_minutes": None if budget is None else round(budget / 60, 2),
+                "seconds_per_step": round(last["elapsed_s"] / last["step"], 3),
+                "bf16_matmuls": self.config.train.bf16_matmuls and bf16_matmuls_pay_off(
+                    "cuda" if torch.cuda.is_available() else "cpu"),
+                "final_loss": last["loss"], "train_tau_estimate": last["train_tau_estimate"]}
 
     def validate(self) -> dict:
         from trainer.drafter.checkpoint import load_drafter

@@ -118,3 +118,23 @@ def test_a_worker_told_to_stop_hands_its_job_over_with_a_checkpoint(workers, mod
     assert [s["status"] for s in job["stages"] if s["stage"] == "train"] == ["abandoned", "succeeded"]
     resumed = next(e for e in service.events(job_id) if e["message"].startswith("resuming training from"))
     assert resumed["data"]["checkpoint"] == drained
+
+
+def test_cancel_during_validation_stops_it_promptly_and_the_worker_can_shut_down(workers, models):
+    service = workers
+    # A sampling test far larger than the tiny target needs minutes for: the cancel lands while it runs.
+    spec = tiny_spec(f"file://{models}/bpe", validation={"prompts": 6, "sampling_draws": 200_000})
+    worker = service.start_worker(name="validating")
+    job_id = service.submit(spec)
+    service.wait_for(job_id, lambda job: job.get("stage") == "validate" and (job.get("stage_progress") or 0) > 0,
+                     300, "validation to be under way")
+    with service.http as http:
+        assert http.post(f"/v1/jobs/{job_id}/cancel").json()["status"] == "cancelling"
+    # Validation checks for a cancel between every unit of work (a batch, a prompt, a draw group): it ends
+    # well within a minute, not after the test it was running.
+    job = service.wait_terminal(job_id, timeout=60)
+    assert job["status"] == "cancelled"
+    assert [s["status"] for s in job["stages"] if s["stage"] == "validate"] == ["cancelled"]
+    assert [s["status"] for s in job["stages"] if s["stage"] == "train"] == ["succeeded"]  # kept for the resume
+    worker.terminate_main()  # and nothing is left running that would block a warm shutdown
+    assert worker.process.wait(timeout=60) == 0

@@ -21,6 +21,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from schemas import recipe
 from schemas.prompts import iter_prompt_records, parse_prompt_line
 from trainer.errors import DraftsmithError
 
@@ -100,6 +101,14 @@ def _parquet_records(path: Path):
         except ValueError as exc:
             raise ValueError(f"{path}: row {row_number}: {exc}") from None
     return records
+
+
+def draw_prompts(source: str | Path, count: int | None, seed: int = 0) -> list[Prompt]:
+    """The prompts a job draws from `source` (hold-out included): `count` of them, or every one; from the built-in
+    set without a count, recipe.BUILTIN_PROMPTS of them."""
+    if count is None and str(source) == "builtin":
+        count = recipe.BUILTIN_PROMPTS
+    return sample_prompts(load_prompts(source), count, seed)
 
 
 def sample_prompts(prompts: list[Prompt], count: int | None, seed: int = 0) -> list[Prompt]:
