@@ -154,9 +154,11 @@ def run(target_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, 
         state = Run(config, out_dir, progress, Launch(nproc=nproc)).execute(resume=resume)
     report = json.loads((Path(out_dir) / "report.json").read_text())
     sampling, speed = report["lossless"]["sampling"], report["speedup"]
+    train = state["stages"]["train"]
     click.echo(json.dumps({
         "out": str(out_dir), "minutes": round(sum(s["seconds"] for s in state["stages"].values()) / 60, 1),
-        "train_steps": state["stages"]["train"].get("steps"), "tau": report["tau"],
+        "train_steps": train.get("steps"), "train_budget_minutes": train.get("budget_minutes"),
+        "train_seconds_per_step": train.get("seconds_per_step"), "tau": report["tau"],
         "greedy_mismatches": report["lossless"]["greedy"]["mismatches"],
         "sampling_test": sampling.get("status", "passed" if sampling["passed"] else "failed"),
         "sampling_p_value": round(sampling["p_value"], 4),

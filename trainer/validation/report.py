@@ -190,7 +190,8 @@ def measure_acceptance(target: Target, drafter: Drafter, prompts: list[Prompt], 
     for index, (prompt, ids, response) in enumerate(zip(prompts, rendered, references, strict=True)):
         if params.greedy:
             with torch.inference_mode():
-                _, context = target.forward(torch.tensor([ids + response], device=target.device), tap_layer_ids=taps)
+                _, context = target.forward(torch.tensor([ids + response], device=target.device), tap_layer_ids=taps,
+                                            logits_to_keep=1)  # the taps are all a replay reads
             reference = GreedyReference(prompt.id, prompt.category, len(ids), ids + response, max_new_tokens,
                                         context[0].float().cpu(), tuple(taps))
             stats.add(prompt.category, response, replay_greedy(target, drafter, reference, decoder=decoder))
