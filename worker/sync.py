@@ -54,16 +54,29 @@ class WorkSync:
         if not path.is_relative_to(self.root):
             return  # not a work file (the export directory is uploaded as registered artifacts instead)
         relative_dir = path.relative_to(self.root).as_posix()
-        local = [p for p in (path.rglob("*") if path.is_dir() else [path])
-                 if p.is_file() and not any(part.startswith(".") for part in p.relative_to(self.root).parts)]
-        for file in sorted(local, key=lambda p: p.stat().st_mtime_ns):
+        # The trainer keeps writing (and pruning old checkpoints) while this runs: a file that vanishes between
+        # the listing and its upload was pruned, so it is skipped now and deleted remotely below or next time.
+        found = []
+        for file in (path.rglob("*") if path.is_dir() else [path]):
+            if any(part.startswith(".") for part in file.relative_to(self.root).parts):
+                continue
+            try:
+                stat = file.stat()
+            except FileNotFoundError:
+                continue
+            if file.is_file():
+                found.append((stat.st_mtime_ns, file, stat))
+        present = set()
+        for _, file, stat in sorted(found, key=lambda entry: entry[0]):
             relative = file.relative_to(self.root).as_posix()
-            stat = file.stat()
             if self._known.get(relative) != (stat.st_size, stat.st_mtime_ns):
-                self.storage.put_file(self._key(relative), file)
+                try:
+                    self.storage.put_file(self._key(relative), file)
+                except FileNotFoundError:
+                    continue
                 self._known[relative] = (stat.st_size, stat.st_mtime_ns)
+            present.add(relative)
         if path.is_dir():
-            present = {p.relative_to(self.root).as_posix() for p in local}
             for relative in self.remote(relative_dir):
                 if relative not in present:
                     self.storage.delete(self._key(relative))

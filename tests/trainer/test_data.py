@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from draftsmith.cli import main as cli
 from schemas.sampling import SamplingParams
-from trainer.data.prompts import PromptsError, load_prompts, split_prompts
+from schemas import recipe
+from trainer.data.prompts import PromptsError, draw_prompts, load_prompts, split_prompts
 from trainer.data.regenerate import DataError, generate_batch, regenerate, tokenize_prompts
 from trainer.data.store import DataStore
 from trainer.targets.chat import render_prompt
@@ -193,3 +194,16 @@ def test_cli_reports_empty_prompts_file(tiny_qwen3, tmp_path):
     result = CliRunner().invoke(cli, ["generate", "--target", str(tiny_qwen3.path), "--out", str(tmp_path / "d"),
                                       "--prompts", str(tmp_path / "empty.jsonl")])
     assert result.exit_code == 2 and "is empty" in result.output
+
+
+def test_a_job_draws_a_per_category_sample_of_the_builtin_set_but_every_prompt_of_its_own_file(tmp_path):
+    everything = load_prompts("builtin")
+    drawn = draw_prompts("builtin", None, seed=0)
+    assert len(drawn) == recipe.BUILTIN_PROMPTS < len(everything)
+    assert {p.category for p in drawn} == {p.category for p in everything}  # every category keeps a share
+    assert drawn == draw_prompts("builtin", None, seed=0)  # seeded: the same job draws the same prompts
+    assert len(draw_prompts("builtin", 40, seed=0)) == 40  # data.count wins
+    own = tmp_path / "prompts.jsonl"
+    own.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"question {i}"}]}) + "\n"
+                           for i in range(recipe.BUILTIN_PROMPTS + 5)))
+    assert len(draw_prompts(own, None, seed=0)) == recipe.BUILTIN_PROMPTS + 5  # a customer's data is never cut
