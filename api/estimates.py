@@ -16,10 +16,9 @@ import re
 from dataclasses import dataclass
 
 from api.schemas import EstimateOut, GpuEstimate
-from schemas import recipe
 from schemas.bounds import plausible_target_parameters_billion
 from schemas.job_spec import JobSpec
-from schemas.prompts import BUILTIN_PROMPT_COUNT
+from schemas.prompts import BUILTIN_PROMPT_COUNT, prompts_to_draw
 from schemas.validation_plan import validation_tokens
 
 
@@ -78,7 +77,7 @@ def source_size(spec: JobSpec, uploaded_prompts: int | None) -> tuple[int, str]:
         prompts = min(count, uploaded_prompts) if count else uploaded_prompts
         return prompts, f"{prompts} prompts from the uploaded file {spec.data.source} ({uploaded_prompts} in it)"
     if spec.data.source == "builtin":
-        prompts = min(count or recipe.BUILTIN_PROMPTS, BUILTIN_PROMPT_COUNT)
+        prompts = min(prompts_to_draw(spec.data.source, count), BUILTIN_PROMPT_COUNT)
         return prompts, f"{prompts} prompts from the built-in set ({BUILTIN_PROMPT_COUNT} in it)"
     if count:
         return count, f"data.count = {count} prompts (at most; the source is counted when the job runs)"
@@ -115,8 +114,8 @@ def estimate_job(
         # rate, the timed subset at batch 1, BATCH_ONE_SLOWDOWN times slower.
         decoded = validation_tokens(min(spec.validation.prompts, holdout), spec.validation.max_new_tokens,
                                     spec.validation.sampling_draws)
-        validation_min = ((decoded.batched + decoded.sampled) / generate_rate
-                          + decoded.batch_one * BATCH_ONE_SLOWDOWN / generate_rate) / 60
+        validation_tokens_at_batch_rate = decoded.batched + decoded.sampled + decoded.batch_one * BATCH_ONE_SLOWDOWN
+        validation_min = validation_tokens_at_batch_rate / generate_rate / 60
         overhead_min = FIXED_OVERHEAD_MINUTES + params_b * 0.25
         total_min = generation_min + training_min + validation_min + overhead_min
         estimates.append(

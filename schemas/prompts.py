@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from schemas import recipe
 from schemas.bounds import JsonInputError, MultilineText, SingleLineText, find_control_character, loads_json
 
 BUILTIN_PROMPT_COUNT = 640
@@ -47,6 +48,14 @@ MAX_PROMPTS_PER_FILE = 100_000
 and a bound on the validation an upload costs (a 20 MB file of tiny lines was 1.4 million prompts and 104 s)."""
 MAX_PROMPTS_PER_JOB = 1_000_000
 """Prompts one job draws (data.count's bound; a source read whole, data.count null, may hold no more)."""
+
+
+def prompts_to_draw(source: str, count: int | None) -> int | None:
+    """How many prompts a job draws from `source`: data.count, or for the built-in set without one
+    recipe.BUILTIN_PROMPTS; None means every prompt of the source (the trainer and the estimate both ask here)."""
+    return recipe.BUILTIN_PROMPTS if count is None and source == "builtin" else count
+
+
 _PROMPT_LINE_RE = re.compile(rb"^[ \t\r\f\v]*[^\s]", re.MULTILINE)
 
 

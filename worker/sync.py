@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from stat import S_ISREG
 
 from api.storage import LocalStorage, S3Storage
 
@@ -64,10 +65,10 @@ class WorkSync:
                 stat = file.stat()
             except FileNotFoundError:
                 continue
-            if file.is_file():
-                found.append((stat.st_mtime_ns, file, stat))
+            if S_ISREG(stat.st_mode):
+                found.append((file, stat))
         present = set()
-        for _, file, stat in sorted(found, key=lambda entry: entry[0]):
+        for file, stat in sorted(found, key=lambda entry: entry[1].st_mtime_ns):
             relative = file.relative_to(self.root).as_posix()
             if self._known.get(relative) != (stat.st_size, stat.st_mtime_ns):
                 try:

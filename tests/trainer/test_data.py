@@ -10,8 +10,8 @@ import torch
 from click.testing import CliRunner
 
 from draftsmith.cli import main as cli
-from schemas.sampling import SamplingParams
 from schemas import recipe
+from schemas.sampling import SamplingParams
 from trainer.data.prompts import PromptsError, draw_prompts, load_prompts, split_prompts
 from trainer.data.regenerate import DataError, generate_batch, regenerate, tokenize_prompts
 from trainer.data.store import DataStore

@@ -21,8 +21,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas import recipe
-from schemas.prompts import iter_prompt_records, parse_prompt_line
+from schemas.prompts import iter_prompt_records, parse_prompt_line, prompts_to_draw
 from trainer.errors import DraftsmithError
 
 BUILTIN = Path(__file__).parent / "prompts.jsonl"
@@ -106,9 +105,7 @@ def _parquet_records(path: Path):
 def draw_prompts(source: str | Path, count: int | None, seed: int = 0) -> list[Prompt]:
     """The prompts a job draws from `source` (hold-out included): `count` of them, or every one; from the built-in
     set without a count, recipe.BUILTIN_PROMPTS of them."""
-    if count is None and str(source) == "builtin":
-        count = recipe.BUILTIN_PROMPTS
-    return sample_prompts(load_prompts(source), count, seed)
+    return sample_prompts(load_prompts(source), prompts_to_draw(str(source), count), seed)
 
 
 def sample_prompts(prompts: list[Prompt], count: int | None, seed: int = 0) -> list[Prompt]:
