@@ -64,8 +64,9 @@ class Services:
 
 
 def pool_limits(settings: Settings) -> PoolLimits:
-    """One connection per worker thread, and as many again for work outside the thread limit: FastAPI runs
-    each session's teardown on a thread of its own, and the webhook loop and readiness checks share the pool."""
+    """One connection per worker thread, and as many again for work outside the thread limit: admission
+    checks a key on a limiter of its own (api/admission.py), FastAPI runs each session's teardown on a thread
+    of its own, and the webhook loop and readiness checks share the pool."""
     threads = settings.api_worker_threads
     # No ping per checkout: on this path round trips are the cost that matters (two checkouts a request).
     # After a database restart the first request on a dead connection gets a 503 with Retry-After, and
