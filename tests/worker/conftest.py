@@ -74,8 +74,26 @@ def service(tmp_path_factory, models) -> Iterator[Service]:
 
 @pytest.fixture
 def workers(service: Service) -> Iterator[Service]:
-    """The service, with every worker a test starts stopped at its end."""
+    """The service, with every worker a test starts stopped at its end, and any job the test left unfinished
+    (it failed or timed out) ended, so that it does not hold the organisation's active-job slots for the
+    tests after it."""
     yield service
     for worker in service.workers:
         worker.stop(timeout=15)
     service.workers.clear()
+    _end_unfinished_jobs(service.env["DRAFTSMITH_DATABASE_URL"])
+
+
+def _end_unfinished_jobs(database_url: str) -> None:
+    from sqlalchemy import create_engine, update
+
+    from api.models import Job
+    from api.states import ACTIVE_STATUSES, JobStatus
+
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(update(Job).where(Job.status.in_(list(ACTIVE_STATUSES)))
+                               .values(status=JobStatus.FAILED.value))
+    finally:
+        engine.dispose()

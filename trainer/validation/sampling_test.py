@@ -32,6 +32,8 @@ from trainer.speculative import SpeculativeDecoder
 MIN_EXPECTED = 5.0
 MIN_GROUP = 15
 """Draws a prefix needs before its next token is tested (smaller groups leave almost everything pooled)."""
+DRAW_GROUP = 25
+"""Draws between two calls of `between_draws` (a cancel poll: a few seconds of decoding at most)."""
 
 
 def chi_square_p(observed: Counter, expected_probs: dict, draws: int) -> tuple[float, int]:
@@ -89,7 +91,8 @@ def randomized_pit(probs: torch.Tensor, token: int, uniform: float) -> float:
 
 def sampling_lossless_test(decoder: SpeculativeDecoder, prompts: list[list[int]], params: SamplingParams, *,
                            draws: int = 300, tokens: int = 3, seed: int = 0,
-                           on_prompt: Callable[[], None] | None = None) -> dict:
+                           on_prompt: Callable[[], None] | None = None,
+                           between_draws: Callable[[], None] | None = None) -> dict:
     """Run the test over `prompts` (draws split evenly); params.temperature must be > 0 (callers test greedy
     jobs at T=1). Two statistics over the same draws, combined with Bonferroni: the grouped chi-square
     (every tested prefix's next-token counts against the exact probabilities) and a Kolmogorov-Smirnov test
@@ -98,7 +101,8 @@ def sampling_lossless_test(decoder: SpeculativeDecoder, prompts: list[list[int]]
 
     `status` is "tested" when the chi-square part tested at least one prefix (the caller compares p_value with
     its alpha), "inconclusive" when it could test none: too few draws per prompt, never a pass. `on_prompt`
-    follows every prompt's draws (a caller may stop there)."""
+    follows every prompt's draws and `between_draws` every DRAW_GROUP of them (a caller may stop at either: one
+    prompt's draws can take minutes when a job asks for many)."""
     if params.greedy:
         raise ValueError("the sampling test needs temperature > 0")
     params = params.model_copy(update={"max_new_tokens": tokens})
@@ -110,9 +114,12 @@ def sampling_lossless_test(decoder: SpeculativeDecoder, prompts: list[list[int]]
     pit: list[float] = []
     for prompt in prompts:
         prefill = decoder.prefill(prompt)  # every draw starts from the same prompt pass
-        samples = [tuple(decoder.generate(prompt, params, stop_token_ids=[], generator=generator,
-                                          prefill=prefill).tokens)
-                   for _ in range(per_prompt)]
+        samples: list[tuple[int, ...]] = []
+        for draw in range(per_prompt):
+            if between_draws and draw and draw % DRAW_GROUP == 0:
+                between_draws()
+            samples.append(tuple(decoder.generate(prompt, params, stop_token_ids=[], generator=generator,
+                                                  prefill=prefill).tokens))
         for depth in range(tokens):
             prefixes = Counter(sample[:depth] for sample in samples if len(sample) > depth)
             distinct = list(prefixes)
