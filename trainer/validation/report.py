@@ -136,8 +136,7 @@ def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: Sa
     sampling_params = params if not params.greedy else params.model_copy(update={"temperature": 1.0})
     sampling = sampling_lossless_test(served, rendered[:sampled_prompts], sampling_params, draws=sampling_draws,
                                       tokens=SAMPLED_TOKENS_PER_DRAW, seed=params.seed,
-                                      on_prompt=lambda: progress.step(detail="speculative-sampling test"),
-                                      between_draws=lambda: progress.step(0, "speculative-sampling test"))
+                                      on_progress=lambda prompts: progress.step(prompts, "speculative-sampling test"))
     sampling_passed = sampling["status"] == "tested" and sampling["p_value"] >= SAMPLING_ALPHA
     if sampling["status"] == "tested":
         sampling["status"] = "passed" if sampling_passed else "failed"

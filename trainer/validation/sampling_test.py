@@ -33,7 +33,7 @@ MIN_EXPECTED = 5.0
 MIN_GROUP = 15
 """Draws a prefix needs before its next token is tested (smaller groups leave almost everything pooled)."""
 DRAW_GROUP = 25
-"""Draws between two calls of `between_draws` (a cancel poll: a few seconds of decoding at most)."""
+"""Draws between two calls of `on_progress` (a caller's cancel poll: a few seconds of decoding at most)."""
 
 
 def chi_square_p(observed: Counter, expected_probs: dict, draws: int) -> tuple[float, int]:
@@ -91,8 +91,7 @@ def randomized_pit(probs: torch.Tensor, token: int, uniform: float) -> float:
 
 def sampling_lossless_test(decoder: SpeculativeDecoder, prompts: list[list[int]], params: SamplingParams, *,
                            draws: int = 300, tokens: int = 3, seed: int = 0,
-                           on_prompt: Callable[[], None] | None = None,
-                           between_draws: Callable[[], None] | None = None) -> dict:
+                           on_progress: Callable[[int], None] | None = None) -> dict:
     """Run the test over `prompts` (draws split evenly); params.temperature must be > 0 (callers test greedy
     jobs at T=1). Two statistics over the same draws, combined with Bonferroni: the grouped chi-square
     (every tested prefix's next-token counts against the exact probabilities) and a Kolmogorov-Smirnov test
@@ -100,9 +99,9 @@ def sampling_lossless_test(decoder: SpeculativeDecoder, prompts: list[list[int]]
     every speculative token counts; most sensitive to a decoder that over- or under-draws likely tokens).
 
     `status` is "tested" when the chi-square part tested at least one prefix (the caller compares p_value with
-    its alpha), "inconclusive" when it could test none: too few draws per prompt, never a pass. `on_prompt`
-    follows every prompt's draws and `between_draws` every DRAW_GROUP of them (a caller may stop at either: one
-    prompt's draws can take minutes when a job asks for many)."""
+    its alpha), "inconclusive" when it could test none: too few draws per prompt, never a pass. `on_progress`
+    is called every DRAW_GROUP draws and after every prompt, with the prompts finished since its last call (0 or
+    1); a caller may stop there, since one prompt's draws can take minutes when a job asks for many."""
     if params.greedy:
         raise ValueError("the sampling test needs temperature > 0")
     params = params.model_copy(update={"max_new_tokens": tokens})
@@ -116,8 +115,8 @@ def sampling_lossless_test(decoder: SpeculativeDecoder, prompts: list[list[int]]
         prefill = decoder.prefill(prompt)  # every draw starts from the same prompt pass
         samples: list[tuple[int, ...]] = []
         for draw in range(per_prompt):
-            if between_draws and draw and draw % DRAW_GROUP == 0:
-                between_draws()
+            if on_progress and draw and draw % DRAW_GROUP == 0:
+                on_progress(0)
             samples.append(tuple(decoder.generate(prompt, params, stop_token_ids=[], generator=generator,
                                                   prefill=prefill).tokens))
         for depth in range(tokens):
@@ -139,8 +138,8 @@ def sampling_lossless_test(decoder: SpeculativeDecoder, prompts: list[list[int]]
                     statistic, degrees, groups = statistic + value, degrees + cells - 1, groups + 1
                     tested_draws += prefixes[prefix]
                     by_depth[depth + 1] += 1
-        if on_prompt:
-            on_prompt()
+        if on_progress:
+            on_progress(1)
     chi_p = float(chi2.sf(statistic, degrees)) if degrees else 1.0
     ks_p = float(kstest(pit, "uniform").pvalue) if pit else 1.0
     status, reason = "tested", None
