@@ -85,12 +85,13 @@ def workers(service: Service) -> Iterator[Service]:
 
 
 def _end_unfinished_jobs(database_url: str) -> None:
-    from sqlalchemy import create_engine, update
+    from sqlalchemy import update
 
+    from api.db import create_db_engine
     from api.models import Job
     from api.states import ACTIVE_STATUSES, JobStatus
 
-    engine = create_engine(database_url)
+    engine = create_db_engine(database_url, null_pool=True)
     try:
         with engine.begin() as connection:
             connection.execute(update(Job).where(Job.status.in_(list(ACTIVE_STATUSES)))
