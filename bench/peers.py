@@ -65,14 +65,21 @@ def run_measured(command: list[str], log: Path, env: dict) -> tuple[int, float, 
     return process.returncode, usage.ru_utime + usage.ru_stime, time.perf_counter() - started
 
 
+def sizing_row(name: str, args) -> str:
+    """The row whose CPU per step sizes an equal-CPU row: its own trainer's equal-steps row, or `--size-from` (a
+    row of the same trainer measured on a quieter machine: CPU seconds per step rise with the load beside them)."""
+    trainer, variant, _ = ROWS[name]
+    return args.size_from or f"{'specforge' if trainer == 'specforge' else variant}-steps"
+
+
 def steps_for(name: str, args, results: dict) -> int:
-    trainer, variant, budget = ROWS[name]
-    if budget == "steps":
+    if ROWS[name][2] == "steps":
         return args.steps
-    reference = results.get(f"{'specforge' if trainer == 'specforge' else variant}-steps")
+    sizing = sizing_row(name, args)
+    reference = results.get(sizing)
     if BUDGET_ROW not in results or reference is None:
-        raise SystemExit(f"{name} needs the rows {BUDGET_ROW} and {trainer if trainer == 'specforge' else variant}"
-                         f"-steps in {args.work}/results.jsonl first (its CPU budget and its CPU per step)")
+        raise SystemExit(f"{name} needs the rows {BUDGET_ROW} and {sizing} in {args.work}/results.jsonl first "
+                         "(its CPU budget and its CPU per step)")
     budget_cpu = results[BUDGET_ROW]["train_cpu_s"]
     return max(1, round(reference["steps"] * budget_cpu / reference["train_cpu_s"]))
 
@@ -148,6 +155,7 @@ def run_row(name: str, args, target, store, references) -> dict:
 
     trainer, variant, budget = ROWS[name]
     steps = steps_for(name, args, load_results(args.work))
+    sized_from = sizing_row(name, args) if budget == "cpu" else None
     if args.tag:  # a variant of the row (e.g. SpecForge with one of our settings), tabled against the plain rows
         name = f"{name}+{args.tag}"
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
@@ -171,6 +179,8 @@ def run_row(name: str, args, target, store, references) -> dict:
                         "layers": args.layers, "batch_size": args.batch_size, "anchors": args.anchors})
     if args.specforge_set and trainer == "specforge":
         row["specforge_set"] = args.specforge_set
+    if sized_from:
+        row["sized_from"] = sized_from
     return row
 
 
@@ -261,6 +271,8 @@ def main() -> None:
     parser.add_argument("--specforge-venv", type=Path, default=specforge_peer.DEFAULT_VENV)
     parser.add_argument("--specforge-set", default="", help="SpecForge training settings to change, e.g. "
                                                             "'learning_rate=2e-3;warmup_ratio=0.5' (JSON values).")
+    parser.add_argument("--size-from", default="", help="The row whose CPU seconds per step size the equal-CPU "
+                        "rows (default: each trainer's own equal-steps row).")
     parser.add_argument("--tag", default="", help="Record the rows as NAME+TAG (a variant; the plain rows stay).")
     parser.add_argument("--full-vocab", action="store_true", help="Also score our drafters drafting over the full "
                                                                    "vocabulary, as SpecForge's does (a second replay).")

@@ -128,11 +128,26 @@ def run_row(name: str, drafter_overrides: dict, train_overrides: dict, args, tar
     return row
 
 
+def sampled_cell(row: dict, base: dict | None) -> str:
+    """T=1 tau (speculative sampling, `--sampled-prompts`) and its paired difference to `base` on the same
+    prompts and seeds; empty when the row was not sampled."""
+    if "tau_t1" not in row:
+        return ""
+    from trainer.validation.replay import bootstrap_interval
+
+    cell = f"{row['tau_t1']:.3f}"
+    if base is not None and len(base.get("tau_t1_per_prompt", ())) == len(row["tau_t1_per_prompt"]):
+        low, high = bootstrap_interval(row["tau_t1_per_prompt"], base["tau_t1_per_prompt"])
+        cell += f" ({row['tau_t1'] - base['tau_t1']:+.3f} [{low:+.3f}, {high:+.3f}])"
+    return cell
+
+
 def print_table(work: Path, baseline: str = "baseline") -> str:
     rows = load_results(work)
     lines = ["| row | what changes | held-out tau [95% CI] | delta [paired 95% CI] | per-position "
-             "acceptance | argmax tau | oracle tau | train-set tau | steps | CPU s/step | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "acceptance | argmax tau | T=1 tau (delta [paired 95% CI]) | oracle tau | train-set tau | steps | "
+             "CPU s/step | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         delta = ""
         # Each row against the row it changes one thing of: bf16 against the float32 baseline, the rest
@@ -144,9 +159,10 @@ def print_table(work: Path, baseline: str = "baseline") -> str:
         if delta_ci is not None:
             delta = f"{delta_ci[0]:+.3f} [{delta_ci[1]:+.3f}, {delta_ci[2]:+.3f}] vs {reference}"
         positions = ", ".join(f"{a:.2f}" for a in row["per_position"][:4])
+        sampled = sampled_cell(row, base if name != reference else None)
         lines.append(f"| {name} | {row['description']} | {row['tau']:.3f} [{row['tau_ci95'][0]:.3f}, "
                      f"{row['tau_ci95'][1]:.3f}] | {delta} | {positions} | {row.get('tau_argmax', '')} | "
-                     f"{row['oracle_tau']:.2f} | {row['train_tau_estimate']:.2f} | {row['steps']} | "
+                     f"{sampled} | {row['oracle_tau']:.2f} | {row['train_tau_estimate']:.2f} | {row['steps']} | "
                      f"{row['cpu_s_per_step']:.2f} | {row['load_before']:.1f}-{row['load_after']:.1f} |")
     table = "\n".join(lines)
     print(table)

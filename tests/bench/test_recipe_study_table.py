@@ -1,0 +1,46 @@
+"""bench/recipe_study.py's table: each row's held-out tau and its T=1 tau are set against the row it changes, on
+the same prompts (paired), and a row measured on other prompts gets no difference rather than a wrong one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import recipe_study  # noqa: E402
+
+
+def _row(name: str, per_prompt: list[tuple[int, int]], sampled: list[tuple[int, int]] | None) -> dict:
+    tau = sum(e for e, _ in per_prompt) / sum(c for _, c in per_prompt)
+    row = {"row": name, "description": name, "train": {"bf16_matmuls": True}, "tau": tau,
+           "tau_ci95": [tau - 0.1, tau + 0.1], "per_prompt": per_prompt, "per_position": [0.2, 0.2, 0.2, 0.2],
+           "oracle_tau": 1.9, "train_tau_estimate": 2.0, "steps": 300, "cpu_s_per_step": 2.4,
+           "load_before": 1.0, "load_after": 1.0}
+    if sampled is not None:
+        row["tau_t1"] = sum(e for e, _ in sampled) / sum(c for _, c in sampled)
+        row["tau_t1_per_prompt"] = sampled
+    return row
+
+
+def test_the_table_pairs_t1_tau_with_the_reference_row(tmp_path):
+    base = _row("bf16", [(12, 10)] * 6, [(11, 10)] * 4)
+    better = _row("auf", [(13, 10)] * 6, [(12, 10), (13, 10), (12, 10), (13, 10)])
+    other_prompts = _row("init-target", [(12, 10)] * 6, [(12, 10)] * 3)
+    unsampled = _row("gamma8", [(12, 10)] * 6, None)
+    with open(tmp_path / "results.jsonl", "w") as out:
+        for row in (base, better, other_prompts, unsampled):
+            out.write(json.dumps(row) + "\n")
+
+    lines = {line.split(" | ")[0].lstrip("| "): line.split(" | ")
+             for line in recipe_study.print_table(tmp_path).splitlines()[2:]}
+    # auf: every sampled prompt accepts more than bf16's, so the paired interval lies wholly above 0.
+    assert lines["auf"][6].startswith("1.250 (+0.150 [+")
+    low = float(lines["auf"][6].split("[")[1].split(",")[0])
+    assert 0 < low <= 0.15
+    assert lines["auf"][3].startswith("+0.100 [")  # the greedy tau's paired difference, vs bf16
+    assert lines["bf16"][6] == "1.100"  # the reference itself: no difference to itself
+    assert lines["init-target"][6] == "1.200"  # 3 sampled prompts against 4: not paired, so no difference
+    assert lines["gamma8"][6] == ""  # not sampled
