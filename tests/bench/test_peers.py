@@ -100,3 +100,21 @@ print(json.dumps({{"shapes": shapes, "taps": list(model.target_layer_ids), "mask
     assert all(shape[0] == 1 and shape[2] == 2 * ours.hidden_size for shape in result["shapes"])
     assert result["taps"] == [4, 1] and result["mask"] == 5 and result["block"] == 4
     assert result["fc_in"] == 2 * ours.hidden_size
+
+
+def test_equal_cpu_rows_take_the_steps_their_sizing_row_says_fit_the_budget():
+    import argparse
+
+    import peers
+
+    results = {"dflash2-steps": {"steps": 120, "train_cpu_s": 278.0},
+               "specforge-steps": {"steps": 120, "train_cpu_s": 427.0},  # measured beside other work
+               "specforge-cpu": {"steps": 78, "train_cpu_s": 230.0}}  # measured alone: 2.95 s a step
+    args = argparse.Namespace(steps=120, size_from="", work=Path("/nowhere"))
+    assert peers.steps_for("dflash2-steps", args, results) == 120
+    assert peers.steps_for("specforge-cpu", args, results) == 78  # 120 * 278 / 427
+    args.size_from = "specforge-cpu"
+    assert peers.sizing_row("specforge-cpu", args) == "specforge-cpu"
+    assert peers.steps_for("specforge-cpu", args, results) == 94  # 78 * 278 / 230
+    with pytest.raises(SystemExit, match="dflash-steps"):
+        peers.steps_for("dflash-cpu", argparse.Namespace(steps=120, size_from="", work=Path("/w")), results)
