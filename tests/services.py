@@ -20,6 +20,14 @@ import httpx
 POSTGRES_ADMIN_URL = os.environ.get("DRAFTSMITH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
+def inherited_env(*prefixes: str) -> dict[str, str]:
+    """This process's environment for a child process (a worker, `draftsmith serve`), without the variables that
+    start with `prefixes` (the project's own settings, so the child sees only those a test gives it), except
+    DRAFTSMITH_ENGINES_DIR: tests/conftest.py points it at an empty folder so a job's validate stage finds no
+    serving engine outside tests/engines/, on a machine that has them as on CI."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes) or k == "DRAFTSMITH_ENGINES_DIR"}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -5,7 +5,6 @@ stage (GGUF export included) runs in seconds."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # worker_harness
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: services, hub_standin, tiny_targets
 
 from hub_standin import HubStandIn  # noqa: E402
-from services import RedisServer, fresh_postgres_database, moto_server, start_api  # noqa: E402
+from services import RedisServer, fresh_postgres_database, inherited_env, moto_server, start_api  # noqa: E402
 from tiny_targets import make_bpe_target  # noqa: E402
 from worker_harness import API_KEY, HUB_TOKEN, STORAGE_BUCKET, Service  # noqa: E402
 
@@ -44,9 +43,8 @@ def service(tmp_path_factory, models) -> Iterator[Service]:
                           aws_access_key_id="testing", aws_secret_access_key="testing")
         for bucket in (STORAGE_BUCKET, "published"):
             s3.create_bucket(Bucket=bucket)
-        inherited = {k: v for k, v in os.environ.items() if not k.startswith(("DRAFTSMITH_", "AWS_"))}
         env = {
-            **inherited,
+            **inherited_env("DRAFTSMITH_", "AWS_"),
             "DRAFTSMITH_ENV": "development", "DRAFTSMITH_DEV_API_KEY": API_KEY,
             "DRAFTSMITH_DATABASE_URL": database_url, "DRAFTSMITH_BROKER_URL": redis.url,
             "DRAFTSMITH_QUEUE_NAME": f"draftsmith-test-{int(time.time())}",

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import torch
 
-from services import DraftsmithProcess, free_port
+from services import DraftsmithProcess, free_port, inherited_env
 from worker_harness import tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -50,7 +50,7 @@ def fine_tuned_copy(base: Path, out: Path, steps: int = 3) -> Path:
 def test_the_pipeline_script_retrains_warm_starts_and_keeps_against_draftsmith_serve(tmp_path, models):
     fine_tuned_copy(models / "bpe", models / "bpe-v2")
     data_dir, port = tmp_path / "data", free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_")},
+    env = {**inherited_env("DRAFTSMITH_"),
            "DRAFTSMITH_ALLOWED_FILE_ROOTS": str(models), "DRAFTSMITH_DEV_API_KEY": KEY}
     server = DraftsmithProcess(["serve", "--port", str(port), "--data-dir", str(data_dir)], env, tmp_path / "serve.log")
     url = f"http://127.0.0.1:{port}"

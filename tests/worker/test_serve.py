@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from schemas.manifest import verify_manifest
-from services import DraftsmithProcess, free_port, wait_until
+from services import DraftsmithProcess, free_port, inherited_env, wait_until
 from worker_harness import tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def _worker_processes_of(data_dir: Path) -> list[int]:
 
 def test_serve_runs_a_submitted_job_to_verified_artifacts(tmp_path, models):
     data_dir, port = tmp_path / "data", free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_")},
+    env = {**inherited_env("DRAFTSMITH_"),
            "DRAFTSMITH_ALLOWED_FILE_ROOTS": str(models), "DRAFTSMITH_DEV_API_KEY": KEY}
     server = DraftsmithProcess(["serve", "--port", str(port), "--data-dir", str(data_dir)], env, tmp_path / "serve.log")
     url = f"http://127.0.0.1:{port}"
