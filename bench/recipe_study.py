@@ -133,12 +133,11 @@ def sampled_cell(row: dict, base: dict | None) -> str:
     prompts and seeds; empty when the row was not sampled."""
     if "tau_t1" not in row:
         return ""
-    from trainer.validation.replay import bootstrap_interval
-
     cell = f"{row['tau_t1']:.3f}"
-    if base is not None and len(base.get("tau_t1_per_prompt", ())) == len(row["tau_t1_per_prompt"]):
-        low, high = bootstrap_interval(row["tau_t1_per_prompt"], base["tau_t1_per_prompt"])
-        cell += f" ({row['tau_t1'] - base['tau_t1']:+.3f} [{low:+.3f}, {high:+.3f}])"
+    if base is not None and "tau_t1" in base:
+        sampled = paired_delta(*({"tau": r["tau_t1"], "per_prompt": r["tau_t1_per_prompt"]} for r in (row, base)))
+        if sampled is not None:
+            cell += f" ({sampled[0]:+.3f} [{sampled[1]:+.3f}, {sampled[2]:+.3f}])"
     return cell
 
 

@@ -14,8 +14,10 @@ sys.path.insert(0, str(Path(__file__).parent))  # for `tiny_targets`
 # Validation measures a drafter in every serving engine installed here (trainer/validation/engines.py). Outside
 # tests/engines/, which point this back at the real folder, a job's validate stage finds none, so the suite takes
 # the same time on a machine with engines (bench/setup/) as on CI, which has none.
-os.environ.setdefault("DRAFTSMITH_TEST_REAL_ENGINES_DIR", os.environ.get("DRAFTSMITH_ENGINES_DIR", ""))
-os.environ["DRAFTSMITH_ENGINES_DIR"] = str(Path(__file__).parent / "no-engines-outside-tests-engines")
+from trainer.validation.engine_paths import ENGINES_DIR_ENV  # noqa: E402
+
+os.environ.setdefault("DRAFTSMITH_TEST_REAL_ENGINES_DIR", os.environ.get(ENGINES_DIR_ENV, ""))
+os.environ[ENGINES_DIR_ENV] = str(Path(__file__).parent / "no-engines-outside-tests-engines")
 
 
 @pytest.fixture(scope="session")

@@ -23,9 +23,11 @@ POSTGRES_ADMIN_URL = os.environ.get("DRAFTSMITH_TEST_POSTGRES_URL", "postgresql+
 def inherited_env(*prefixes: str) -> dict[str, str]:
     """This process's environment for a child process (a worker, `draftsmith serve`), without the variables that
     start with `prefixes` (the project's own settings, so the child sees only those a test gives it), except
-    DRAFTSMITH_ENGINES_DIR: tests/conftest.py points it at an empty folder so a job's validate stage finds no
-    serving engine outside tests/engines/, on a machine that has them as on CI."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes) or k == "DRAFTSMITH_ENGINES_DIR"}
+    the engines' folder: tests/conftest.py points it at an empty one so a job's validate stage finds no serving
+    engine outside tests/engines/, on a machine that has them as on CI."""
+    from trainer.validation.engine_paths import ENGINES_DIR_ENV
+
+    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes) or k == ENGINES_DIR_ENV}
 
 
 def free_port() -> int:

@@ -6,11 +6,13 @@ import os
 
 import pytest
 
+from trainer.validation.engine_paths import ENGINES_DIR_ENV
+
 
 @pytest.fixture(autouse=True)
 def real_engines_dir(monkeypatch):
     real = os.environ.get("DRAFTSMITH_TEST_REAL_ENGINES_DIR")
     if real:
-        monkeypatch.setenv("DRAFTSMITH_ENGINES_DIR", real)
+        monkeypatch.setenv(ENGINES_DIR_ENV, real)
     else:
-        monkeypatch.delenv("DRAFTSMITH_ENGINES_DIR", raising=False)
+        monkeypatch.delenv(ENGINES_DIR_ENV, raising=False)
