@@ -72,7 +72,12 @@ def test_serve_runs_a_submitted_job_to_verified_artifacts(tmp_path, models):
         assert "target_not_found" in resumed.stderr
     finally:
         server.stop()
-    wait_until(lambda: not _worker_processes_of(data_dir), 30, "the worker to exit with serve")
+    try:
+        wait_until(lambda: not _worker_processes_of(data_dir), 60, "the worker to exit with serve")
+    except TimeoutError as exc:  # name what is still running, and what the worker last logged
+        left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                for pid in _worker_processes_of(data_dir) if Path(f"/proc/{pid}").exists()}
+        raise AssertionError(f"{exc}: still running {left}\n{server.log()[-3000:]}") from None
 
 
 def test_submit_to_an_unreachable_server_says_so_in_one_line():
