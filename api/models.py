@@ -187,6 +187,27 @@ class StageRun(Base):
     heartbeat_at: Mapped[datetime | None]
 
 
+class GenerateShard(Base):
+    """One shard of a job's regeneration while the generate stage is spread over several workers
+    (api/shards.py, worker/shards.py). One worker holds a shard at a time; a holder whose heartbeat went stale
+    is presumed dead, and any other may take the shard over. `done` means its files are in object storage."""
+
+    __tablename__ = "generate_shards"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    shard: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))  # pending|running|done
+    attempt: Mapped[int] = mapped_column(Integer, default=0)  # claims so far; a takeover counts one more
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    prompts: Mapped[int] = mapped_column(Integer)
+    prompts_done: Mapped[int] = mapped_column(Integer, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    seconds: Mapped[float | None] = mapped_column(Float)
+    """Wall seconds of the attempt that wrote it."""
+    heartbeat_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
 class JobEvent(Base):
     __tablename__ = "job_events"
     __table_args__ = (UniqueConstraint("job_id", "seq"),)

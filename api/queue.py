@@ -21,6 +21,8 @@ from api.settings import Settings
 from schemas.stages import STAGE_QUEUE, Stage
 
 RUN_JOB_TASK = "draftsmith.run_job"
+GENERATE_SHARDS_TASK = "draftsmith.generate_shards"
+"""A helper of a job's generate stage spread over several workers (worker/shards.py): claims and writes shards."""
 RUN_AUDIT_TASK = "draftsmith.run_audit"
 """A drift audit (api/audits.py): loads the target and measures a drafter, so it runs from the gpu queue."""
 

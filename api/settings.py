@@ -25,6 +25,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from schemas.stages import GenerateBackend
+
 DEFAULT_SECRET_KEY = "insecure-development-secret-key-change-me"
 DEFAULT_DEV_API_KEY = "dsk_dev_local_development_key"
 SETTINGS_FILE_ENV = "DRAFTSMITH_SETTINGS_FILE"
@@ -165,6 +167,15 @@ class Settings(BaseSettings):
     worker_nproc: int = Field(default=1, ge=1, le=1024, description="Training processes per machine (GPUs).")
     worker_hostfile: str | None = Field(
         default=None, description="DeepSpeed hostfile: the train stage spans the nodes it lists."
+    )
+    worker_generate_workers: int = Field(
+        default=1, ge=1, le=1024, description="GPU workers one job's generate stage spreads its shards over: the "
+        "worker that runs the stage asks this many minus one others to claim shards beside it (1: it writes them all)."
+    )
+    worker_generate_backend: GenerateBackend = Field(
+        default="builtin", description="What writes the regenerated responses: builtin (the target's batched loop) "
+        "or vllm (vLLM installed beside the worker, as bench/setup/vllm_cpu.sh does; the target then captures the "
+        "hidden states in one teacher-forced pass)."
     )
     worker_max_retries: int = Field(
         default=3, ge=0, le=20, description="Retries of a stage after an infrastructure error (database, broker, "

@@ -216,6 +216,11 @@ class DataSpec(StrictModel):
     holdout_share: float = Field(
         default=recipe.HOLDOUT_SHARE, gt=0.0, le=0.5, description="Share of prompts held out for validation, in (0, 0.5]."
     )
+    shard_size: int = Field(
+        default=recipe.GENERATION_SHARD_SIZE, ge=1, le=MAX_PROMPTS_PER_JOB,
+        description="Prompts per regeneration shard: the unit generation resumes from and spreads over the "
+        "deployment's generate workers. Part of the data's identity (each shard samples with its own seed).",
+    )
 
     @field_validator("source")
     @classmethod

@@ -51,6 +51,10 @@ TRAIN_ON_DRAFT_VOCAB = True
 full vocabulary's. The full head is most of a CPU training step: on this AVX2 machine a float32 step took 4.8 s
 with it and 2.5 s without (2 threads, 2026-12-02). At equal steps it cost -0.028 tau [-0.045, -0.011]
 (docs/RECIPE_STUDY.md `vocab-ce`); in a time budget it trains ~2x the steps."""
+GENERATION_SHARD_SIZE = 64
+"""Prompts per regeneration shard: the unit the generate stage resumes from and spreads over workers
+(DRAFTSMITH_WORKER_GENERATE_WORKERS). Each shard samples with its own seed, so the shard size is part of the data's
+identity: the same seed and shard size give the same data on one worker or on many."""
 ZERO_STAGE = 2
 """DeepSpeed ZeRO stage: 2, or 3 for drafters too large to replicate."""
 CHECKPOINT_EVERY = 200

@@ -36,3 +36,9 @@ STAGE_QUEUE: dict[Stage, QueueKind] = {
     Stage.EXPORT: "cpu",
     Stage.PUBLISH: "cpu",
 }
+
+GenerateBackend = Literal["builtin", "vllm"]
+"""What writes the generate stage's responses (a deployment's choice, DRAFTSMITH_WORKER_GENERATE_BACKEND):
+`builtin`, the target's own batched loop that captures the hidden states as it goes, or `vllm`, the vLLM engine,
+after which one teacher-forced pass of the target captures them (trainer/data/vllm_backend.py)."""
+GENERATE_BACKENDS: tuple[str, ...] = GenerateBackend.__args__

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from schemas import recipe
+from schemas.stages import GENERATE_BACKENDS
 from trainer.errors import DraftsmithError
 from trainer.validation import SAMPLING_DRAWS, VALIDATION_MAX_NEW_TOKENS, VALIDATION_PROMPTS
 
@@ -175,13 +176,16 @@ def parse_layers(target_layers: str | None) -> tuple[int, ...] | None:
 @click.option("--cache-budget-mb", default=4096, show_default=True,
               help="Cache hidden states with the data up to this size; above it training recomputes them.")
 @click.option("--batch-size", default=32, show_default=True, help="Prompts generated together.")
+@click.option("--backend", default="builtin", show_default=True, type=click.Choice(GENERATE_BACKENDS),
+              help="What writes the responses: the target's own loop, or vLLM (bench/setup/vllm_cpu.sh) followed by "
+                   "one teacher-forced pass of the target for the hidden states.")
 @sampling_options
 @user_errors
 def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, target_layers, cache_budget_mb,
-             batch_size, **sampling) -> None:
+             batch_size, backend, **sampling) -> None:
     """Regenerate responses to the training prompts with the target (resumable by shard)."""
     from schemas.stages import Stage
-    from trainer.pipeline import Layout, RunConfig, open_job, run_stage
+    from trainer.pipeline import Launch, Layout, RunConfig, open_job, run_stage
 
     config = RunConfig(target=target_spec, sampling=make_sampling(**sampling), prompts=prompts,
                        num_prompts=num_prompts, holdout=holdout, num_layers=num_layers,
@@ -189,7 +193,7 @@ def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, ta
                        generation_batch_size=batch_size)
     layout = dataclasses.replace(Layout.under(out_dir, out_dir), prepared=out_dir / "prepare.json", data=out_dir)
     hooks, bar = stage_hooks(100, "%", "generate")
-    job = open_job(config, layout, hooks)
+    job = open_job(config, layout, hooks, Launch(generate_backend=backend))
     run_stage(Stage.PREPARE, config, layout, hooks, job=job)
     with bar:
         summary = run_stage(Stage.GENERATE, config, layout, hooks, job=job)

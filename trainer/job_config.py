@@ -32,6 +32,7 @@ def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin"
         prompts=prompts,
         num_prompts=spec.data.count,
         holdout=spec.data.holdout_share,
+        generation_shard_size=spec.data.shard_size,
         variant=spec.drafter.variant,
         num_layers=spec.drafter.num_layers,
         block_size=spec.drafter.block_size,

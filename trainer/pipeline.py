@@ -19,18 +19,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from schemas import recipe
 from schemas.sampling import SamplingParams
-from schemas.stages import LOCAL_STAGES, Stage
+from schemas.stages import GENERATE_BACKENDS, LOCAL_STAGES, Stage
 from trainer.atomic import atomic_write_json
 from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.training.config import TrainConfig
 from trainer.training.distributed import LAUNCHER_VARIABLES  # noqa: F401  (public: callers that start ranks)
 from trainer.validation import SAMPLING_DRAWS, VALIDATION_MAX_NEW_TOKENS, VALIDATION_PROMPTS
+
+if TYPE_CHECKING:  # torch is imported by the stages that use it, not by this module's importers
+    from trainer.data.regenerate import ResponseBackend, ShardPlan
 
 Progress = Callable[[str, float, str], None]
 """(stage, fraction of the stage done in [0, 1], detail). The one progress unit of the trainer."""
@@ -62,6 +67,8 @@ class RunConfig:
     the deployment allow it). The model itself must still be one of the supported architectures."""
     train: TrainConfig = field(default_factory=TrainConfig)
     generation_batch_size: int = 32
+    generation_shard_size: int = recipe.GENERATION_SHARD_SIZE
+    """Prompts per regeneration shard (schemas/recipe.py): part of the data's identity."""
     cache_budget_mb: int = 4096
     validation_prompts: int = VALIDATION_PROMPTS
     validation_max_new_tokens: int = VALIDATION_MAX_NEW_TOKENS
@@ -111,6 +118,8 @@ class StageHooks:
     on_saved: Callable[[Path], None] = lambda path: None
     on_metrics: Callable[[int, dict[str, float]], None] = lambda step, values: None
     """Training metrics per step, numbers only (per-position accuracy flattened to accuracy_pos_<k>)."""
+    shards: ShardPlan | None = None
+    """Generation's shards when several workers share one job's (worker/shards.py); None: this process writes all."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,9 @@ class Launch:
     """Processes per node: devices on a GPU machine, gloo processes on a CPU one."""
     hostfile: str | None = None
     """A DeepSpeed hostfile for training across several nodes."""
+    generate_backend: str = "builtin"
+    """What writes the regenerated responses: `builtin` (the target's own batched loop, capturing the hidden states
+    as it goes) or `vllm` (vLLM answers, then one teacher-forced pass of the target captures them)."""
 
 
 def step_metrics(record: dict) -> dict[str, float]:
@@ -163,6 +175,20 @@ def drafter_config_for(config: RunConfig, target, prepared: dict):
     return DrafterConfig.for_target(target, variant=config.variant, num_layers=config.num_layers,
                                     block_size=config.block_size, mask_token_id=prepared["mask_token_id"],
                                     target_layer_ids=prepared["tap_layer_ids"])
+
+
+@contextmanager
+def response_backend(name: str, target) -> Iterator[ResponseBackend | None]:
+    """The engine that writes regenerated responses, open for the stage (None: the built-in loop)."""
+    if name == "builtin":
+        yield None
+        return
+    if name not in GENERATE_BACKENDS:
+        raise DraftsmithError(f"generate backend {name!r} is not one of {', '.join(GENERATE_BACKENDS)}")
+    from trainer.data.vllm_backend import VllmResponses
+
+    with VllmResponses(target) as backend:
+        yield backend
 
 
 # --- the stages --------------------------------------------------------------------------------------
@@ -229,12 +255,20 @@ class JobStages:
         def on_progress(done: int, total: int, tokens: int) -> None:
             self.hooks.progress(Stage.GENERATE, done / total, f"{done}/{total} prompts, {tokens} tokens")
 
-        store = regenerate(self.target, train_prompts, self.config.sampling, self.layout.data,
-                           tap_layer_ids=self.prepared()["tap_layer_ids"],
-                           cache_budget_bytes=self.config.cache_budget_mb << 20,
-                           batch_size=self.config.generation_batch_size, on_progress=on_progress,
-                           should_stop=self.hooks.should_stop, on_saved=self.hooks.on_saved)
-        return {"plan": store.meta["plan"], **store.summary()}
+        with response_backend(self.launch.generate_backend, self.target) as backend:
+            store = regenerate(self.target, train_prompts, self.config.sampling, self.layout.data,
+                               tap_layer_ids=self.prepared()["tap_layer_ids"],
+                               cache_budget_bytes=self.config.cache_budget_mb << 20,
+                               shard_size=self.config.generation_shard_size,
+                               batch_size=self.config.generation_batch_size, on_progress=on_progress,
+                               should_stop=self.hooks.should_stop, on_saved=self.hooks.on_saved,
+                               shards=self.hooks.shards, backend=backend)
+        engine = {"backend": self.launch.generate_backend}
+        if backend is not None:  # what the engine itself spent, apart from the target's capture pass
+            engine.update(backend_seconds=round(backend.seconds, 3), backend_tokens=backend.tokens)
+        if store is None:  # a helper's share is written; the worker that runs the stage finishes the data set
+            return {"helper": True, **engine}
+        return {"plan": store.meta["plan"], **engine, **store.summary()}
 
     def on_train_step(self, record: dict) -> None:
         # The schedule's own progress (steps or time budget, whichever ends the run first: training/schedule.py).

@@ -18,7 +18,7 @@ import threading
 
 from celery import Celery, signals
 
-from api.queue import RUN_AUDIT_TASK, RUN_JOB_TASK, audit_queue, celery_broker_options, queue_for
+from api.queue import GENERATE_SHARDS_TASK, RUN_AUDIT_TASK, RUN_JOB_TASK, audit_queue, celery_broker_options, queue_for
 from api.redaction import install_log_redaction, register_secret_values, secret_setting_values
 from api.settings import load_settings
 from schemas.stages import Stage
@@ -65,6 +65,21 @@ def run_job_task(self, job_id: str) -> str:
         countdown = RETRY_BACKOFF_SECONDS[min(self.request.retries, len(RETRY_BACKOFF_SECONDS) - 1)]
         log.warning("job %s: %s; retrying in %s s", job_id, error, countdown)
         raise self.retry(exc=error, countdown=countdown) from None
+
+
+@app.task(name=GENERATE_SHARDS_TASK)
+def generate_shards_task(job_id: str) -> str:
+    """A helper of a job's generate stage (worker/shards.py). An error leaves its shard to go quiet and be taken
+    over by the lead, which waits for every shard."""
+    from worker.shards import help_generate
+
+    return help_generate(current_context(), job_id)
+
+
+def send_generate_helpers(job_id: str, count: int) -> None:
+    for _ in range(count):
+        app.send_task(GENERATE_SHARDS_TASK, args=[job_id], queue=queue_for(_settings, Stage.GENERATE), retry=True,
+                      retry_policy=HANDOVER_RETRY)
 
 
 @app.task(name=RUN_AUDIT_TASK)

@@ -15,7 +15,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from sqlalchemy.orm import Session
 
 from api import stage_runner as runner
 from schemas.stages import Stage
@@ -25,6 +28,11 @@ from worker.context import WorkerContext
 log = logging.getLogger("draftsmith.worker")
 FLUSH_SECONDS = 1.0
 DRAINING = "this worker is shutting down"
+
+
+def draining(ctx: WorkerContext) -> bool:
+    """This process's worker is shutting down (its main process wrote the drain marker)."""
+    return drain_marker(ctx, os.getppid()).exists()
 
 
 def drain_marker(ctx: WorkerContext, worker_pid: int) -> Path:
@@ -43,16 +51,14 @@ class StageReporter:
         self._last_flush = 0.0
         self._last_percent = -1.0
         self._last_progress_at = 0.0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
+        self._heartbeat = Beat(ctx, f"heartbeat-{job_id}", self._beat)
 
     def __enter__(self) -> StageReporter:
-        self._thread.start()
+        self._heartbeat.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._done.set()
-        self._thread.join(timeout=30)
+        self._heartbeat.stop()
         try:
             self.flush()
         finally:
@@ -100,17 +106,38 @@ class StageReporter:
 
     # --- the heartbeat thread -------------------------------------------------------------------------
 
-    def _beat(self) -> None:
-        interval = self.ctx.settings.worker_heartbeat_seconds
+    def _beat(self, session) -> None:
+        if draining(self.ctx):
+            self.stop_reason = self.stop_reason or DRAINING
+        if not runner.heartbeat(session, self.job_id, self.stage, self.ctx.worker_id):
+            self.stop_reason = self.stop_reason or "the attempt was taken over or ended elsewhere"
+        elif runner.cancellation_requested(session, self.job_id):
+            self.stop_reason = "cancellation requested"
+
+
+class Beat:
+    """`beat(session)` every DRAFTSMITH_WORKER_HEARTBEAT_SECONDS on a thread with its own database session, from
+    start() to stop(): what keeps a stage attempt, or a generate shard's claim (worker/shards.py), visibly alive
+    while the work computes. A failing beat is logged and tried again at the next: a database blip must not stop
+    the work."""
+
+    def __init__(self, ctx: WorkerContext, name: str, beat: Callable[[Session], None]):
+        self.ctx, self.beat = ctx, beat
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
         with self.ctx.session_factory() as session:
-            while not self._done.wait(interval):
+            while not self._done.wait(self.ctx.settings.worker_heartbeat_seconds):
                 try:
-                    if drain_marker(self.ctx, os.getppid()).exists():
-                        self.stop_reason = self.stop_reason or DRAINING
-                    if not runner.heartbeat(session, self.job_id, self.stage, self.ctx.worker_id):
-                        self.stop_reason = self.stop_reason or "the attempt was taken over or ended elsewhere"
-                    elif runner.cancellation_requested(session, self.job_id):
-                        self.stop_reason = "cancellation requested"
-                except Exception:  # a database blip must not kill the stage; the next beat tries again
+                    self.beat(session)
+                except Exception:
                     session.rollback()
-                    log.warning("heartbeat for %s failed", self.job_id, exc_info=True)
+                    log.warning("%s failed", self._thread.name, exc_info=True)

@@ -9,6 +9,7 @@ to `jobs/<id>/work/` as they are written, the exported files registered as the j
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import mimetypes
 from pathlib import Path
@@ -44,10 +45,12 @@ NAMED_KINDS = {"README.md": "model-card", "report.json": "report", "manifest.jso
 
 
 def launch_for(settings: Settings) -> Launch:
-    """How this worker runs a train stage: DRAFTSMITH_WORKER_NPROC processes per node, across the nodes of
-    DRAFTSMITH_WORKER_HOSTFILE when one is set. The deployment manifests render both (infra/k8s);
+    """How this worker runs a stage: what writes regenerated responses (DRAFTSMITH_WORKER_GENERATE_BACKEND), and
+    training's DRAFTSMITH_WORKER_NPROC processes per node, across the nodes of DRAFTSMITH_WORKER_HOSTFILE when one
+    is set. The deployment manifests render both (infra/k8s);
     tests/infra/test_multinode_launch.py checks the command they lead to."""
-    return Launch(nproc=settings.worker_nproc, hostfile=settings.worker_hostfile)
+    return Launch(nproc=settings.worker_nproc, hostfile=settings.worker_hostfile,
+                  generate_backend=settings.worker_generate_backend)
 
 
 class JobFiles:
@@ -96,10 +99,14 @@ def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageRe
             # The series must hold every step once: steps the lost attempt trained up to its checkpoint but had
             # not yet written to the database come back from the checkpoint's metrics.jsonl.
             reporter.restore_metrics(files.layout.train / "metrics.jsonl", int(checkpoint.removeprefix("step-")))
-        config = run_config_from_spec(spec, **_local_sources(ctx, job, spec, files, reporter, pin=stage is Stage.PREPARE))
+        sources = local_sources(ctx, job, spec, files, reporter, pin=stage is Stage.PREPARE)
+        config = run_config_from_spec(spec, **sources)
         hooks = StageHooks(progress=reporter.progress, should_stop=reporter.should_stop, on_saved=files.sync.push,
                            on_metrics=reporter.metrics)
-        info = run_stage(stage, config, files.layout, hooks, launch_for(ctx.settings))
+        if stage is Stage.GENERATE and ctx.settings.worker_generate_workers > 1:
+            info = _generate_with_helpers(ctx, job, config, files, hooks, reporter)
+        else:
+            info = run_stage(stage, config, files.layout, hooks, launch_for(ctx.settings))
         if stage is Stage.TRAIN:  # the code that trained it, for the drafter's lineage
             info["environment"] = environment()
         if stage is Stage.EXPORT:
@@ -108,10 +115,26 @@ def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageRe
     return info
 
 
-def _local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, reporter: StageReporter, *,
-                   pin: bool) -> dict[str, str | None]:
-    """The target, the prompts (and a warm start's parent drafter) as local paths. `prepare` resolves the URIs and records the exact revisions in
-    sources.json; later stages fetch those revisions, whichever machine they run on."""
+def _generate_with_helpers(ctx: WorkerContext, job: Job, config, files: JobFiles, hooks: StageHooks,
+                           reporter: StageReporter) -> dict:
+    """The generate stage spread over DRAFTSMITH_WORKER_GENERATE_WORKERS workers (worker/shards.py): this worker
+    leads, claims shards beside its helpers, and reports the job's progress summed over every shard."""
+    from worker.shards import lead_generation
+
+    train_prompts = json.loads(files.layout.prepared.read_text())["train_prompts"]
+    with lead_generation(ctx, job, files.sync, reporter, train_prompts=train_prompts,
+                         shard_size=config.generation_shard_size) as shards:
+        hooks = dataclasses.replace(hooks, progress=lambda stage, fraction, detail: None,
+                                    should_stop=shards.should_stop, shards=shards)
+        info = run_stage(Stage.GENERATE, config, files.layout, hooks, launch_for(ctx.settings))
+    return {**info, "response_tokens_here": shards.tokens_here}
+
+
+def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, reporter: StageReporter | None, *,
+                  pin: bool) -> dict[str, str | None]:
+    """The target, the prompts (and a warm start's parent drafter) as local paths. `prepare` resolves the URIs and
+    records the exact revisions in sources.json (and reports them through `reporter`); later stages, and a generate
+    stage's helpers, fetch those revisions, whichever machine they run on."""
     sources_file = files.work / "sources.json"
     if pin or not sources_file.is_file():
         target_uri, source = spec.target.uri, spec.data.source

@@ -36,7 +36,8 @@ class StageUsage:
             return
         spec = self.spec
         if self.stage is Stage.GENERATE:
-            self.tokens_generated = int(info.get("response_tokens") or 0)
+            # Spread over workers, each counts what it wrote (worker/shards.py); else the whole data set.
+            self.tokens_generated = int(info.get("response_tokens_here", info.get("response_tokens")) or 0)
         elif self.stage is Stage.VALIDATE:
             self.tokens_generated = validation_tokens(spec.validation.prompts, spec.validation.max_new_tokens,
                                                       spec.validation.sampling_draws).total

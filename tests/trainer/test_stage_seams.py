@@ -39,7 +39,7 @@ CHANGES = {
                  "chat_template": {"enable_thinking": False, "system_prompt": "Be brief."}},
     "drafter": {"variant": "dflash", "block_size": 16, "num_layers": 3, "target_layer_ids": [1, 5, 9],
                 "mask_token_id": 11},
-    "data": {"count": 200, "holdout_share": 0.2},
+    "data": {"count": 200, "holdout_share": 0.2, "shard_size": 16},
     "training": {"max_steps": 1234, "max_minutes": 30.0, "learning_rate": 1e-4, "batch_size": 8,
                  "anchors_per_sequence": 32, "checkpoint_every": 50, "zero_stage": 3},
     "validation": {"prompts": 64, "max_new_tokens": 48, "sampling_draws": 1000},
@@ -114,7 +114,9 @@ def test_regeneration_stops_when_asked_and_resumes_from_its_finished_shards(tiny
     with pytest.raises(StageInterrupted, match="after 4 of 12 prompts"):
         regenerate(target, prompts, params, tmp_path / "d", tap_layer_ids=[1], shard_size=4, batch_size=4,
                    should_stop=lambda: next(batches) >= 1, on_saved=saved.append)
-    assert saved == [tmp_path / "d"] and not (tmp_path / "d" / "COMPLETE").exists()
+    # Every file is announced once written, a shard's parquet (its completeness mark) after its hidden states.
+    assert saved == [tmp_path / "d" / name for name in ("meta.json", *DataStore.shard_files(0))]
+    assert not (tmp_path / "d" / "COMPLETE").exists()
     store = regenerate(target, prompts, params, tmp_path / "d", tap_layer_ids=[1], shard_size=4, batch_size=4)
     assert len(store.examples()) == 12
 

@@ -6,15 +6,19 @@ The tapped hidden states are captured during the same passes (no second target p
 bfloat16 next to the tokens, unless the estimated cache exceeds the budget, in which case training
 recomputes them. The target's own prediction of every response token (its top-k logits and final hidden
 state) is kept too, for dense distillation. Work is cut into shards written atomically, so an interrupted run resumes at the
-first missing shard.
+first missing shard, and several workers can each write some of one job's shards (a `ShardPlan`). Another
+engine may write the responses instead of the built-in loop (a `ResponseBackend`); the target then captures
+the hidden states in one teacher-forced pass.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -171,15 +175,52 @@ class TeacherRecorder:
                              torch.stack(self.final[row]).cpu())
 
 
+class ResponseBackend(Protocol):
+    """An engine other than the built-in loop that writes the responses (trainer/data/vllm_backend.py). The
+    target then reads each prompt + response once, teacher-forced, for its hidden states and teacher signal
+    (trainer/data/capture.py), so the stored data has the same form whichever engine answered."""
+
+    name: str
+    seconds: float
+    """The engine's own generation time so far (the stage's summary reports it)."""
+    tokens: int
+    """Response tokens it wrote so far."""
+
+    def respond(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> list[tuple[list[int], str]]:
+        """(response ids, "stop" or "length") per prompt, sampled with `params` and `seed`."""
+
+
+class ShardPlan(Protocol):
+    """Which shards this process generates, when one job's generation is spread over several workers
+    (worker/shards.py claims them in the database). Without one, a process generates every missing shard."""
+
+    def claims(self, missing: list[int]) -> Iterator[int]:
+        """The shards to generate here, one at a time (each claimed only when the previous one is written);
+        `missing` are those not on this machine. May wait for shards other workers hold."""
+
+    def progress(self, shard: int, prompts: int, tokens: int) -> None:
+        """Prompts and response tokens done so far in `shard`."""
+
+    def generated(self, shard: int, prompts: int, tokens: int, seconds: float) -> None:
+        """`shard` is written, and on_saved has been called for its files."""
+
+    def gather(self, missing: list[int]) -> bool:
+        """Bring shards written elsewhere into the data directory. False: finishing the data set is another
+        process's work (a helper), so stop here."""
+
+
 def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, out_dir: str | Path, *,
                tap_layer_ids: list[int], cache_budget_bytes: int = 4 << 30, shard_size: int = 64,
                batch_size: int = 16, on_progress: Callable[[int, int, int], None] | None = None,
                should_stop: Callable[[], bool] | None = None,
-               on_saved: Callable[[Path], None] | None = None, teacher_top_k: int = TEACHER_TOP_K) -> DataStore:
+               on_saved: Callable[[Path], None] | None = None, teacher_top_k: int = TEACHER_TOP_K,
+               shards: ShardPlan | None = None, backend: ResponseBackend | None = None) -> DataStore | None:
     """Write the regenerated training set to `out_dir`; skip shards already complete. on_progress gets
     (prompts done, prompts total, tokens generated so far). `should_stop` is asked between batches: True
-    raises StageInterrupted, keeping every finished shard. `on_saved(out_dir)` follows each shard written
-    and the completion marker, so a caller can copy finished work elsewhere as it appears."""
+    raises StageInterrupted, keeping every finished shard. `on_saved(path)` follows every file written (a
+    shard's hidden states, then its parquet file, which marks it whole; the completion marker last), so a
+    caller can copy finished work elsewhere as it appears. Returns None when `shards` leaves the rest of the
+    data set to another process."""
     prompt_ids = tokenize_prompts(target, prompts, params)
     plan = plan_regeneration(target, prompt_ids, params, len(tap_layer_ids), cache_budget_bytes)
     meta = {
@@ -191,38 +232,55 @@ def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, ou
     if teacher_top_k:
         meta["teacher_top_k"] = teacher_top_k
     store = DataStore.create(out_dir, meta)
-    shards = math.ceil(len(prompts) / shard_size)
-    done, tokens = 0, 0
-    for shard in range(shards):
-        chunk = range(shard * shard_size, min(len(prompts), (shard + 1) * shard_size))
-        if store.has_shard(shard):
-            done += len(chunk)
-            tokens += store.shard_tokens(shard)
-            continue
+    saved = on_saved or (lambda path: None)
+    saved(store.root / "meta.json")
+    count = math.ceil(len(prompts) / shard_size)
+    chunks = [range(i * shard_size, min(len(prompts), (i + 1) * shard_size)) for i in range(count)]
+    done = sum(len(chunks[i]) for i in range(count) if store.has_shard(i))
+    tokens = sum(store.shard_tokens(i) for i in range(count) if store.has_shard(i))
+    missing = [i for i in range(count) if not store.has_shard(i)]
+    for shard in (shards.claims(missing) if shards is not None else missing):
+        started, shard_done, shard_tokens = time.perf_counter(), 0, 0
         generator = torch.Generator().manual_seed(params.seed * 100_003 + shard)
         # Similar lengths per batch waste less padding.
-        order = sorted(chunk, key=lambda i: len(prompt_ids[i]))
+        order = sorted(chunks[shard], key=lambda i: len(prompt_ids[i]))
+        responses = backend.respond([prompt_ids[i] for i in order], params, params.seed * 100_003 + shard) \
+            if backend is not None else None
         examples: dict[int, Example] = {}
         for start in range(0, len(order), batch_size):
             if should_stop is not None and should_stop():
                 raise StageInterrupted(f"generation stopped on request after {done} of {len(prompts)} prompts; "
                                        "finished shards are kept and the stage resumes from them")
             batch = order[start:start + batch_size]
-            outputs = generate_batch(target, [prompt_ids[i] for i in batch], params,
-                                     tap_layer_ids if plan.cache_hidden else None, generator, teacher_top_k)
+            taps = tap_layer_ids if plan.cache_hidden else None
+            if responses is None:
+                outputs = generate_batch(target, [prompt_ids[i] for i in batch], params, taps, generator, teacher_top_k)
+            else:
+                from trainer.data.capture import capture_batch
+
+                outputs = capture_batch(target, [prompt_ids[i] for i in batch], responses[start:start + len(batch)],
+                                        taps, teacher_top_k)
             for i, (response, hidden, reason, teacher) in zip(batch, outputs, strict=True):
                 examples[i] = Example(prompts[i].id, prompts[i].category, prompt_ids[i] + response,
                                       len(prompt_ids[i]), reason, hidden, teacher)
-                tokens += len(response)
-            done += len(batch)
+                shard_tokens += len(response)
+            shard_done += len(batch)
+            if shards is not None:
+                shards.progress(shard, shard_done, shard_tokens)
             if on_progress:
-                on_progress(done, len(prompts), tokens)
-        store.write_shard(shard, [examples[i] for i in chunk])
-        if on_saved:
-            on_saved(store.root)
+                on_progress(done + shard_done, len(prompts), tokens + shard_tokens)
+        for path in store.write_shard(shard, [examples[i] for i in chunks[shard]]):
+            saved(path)
+        done, tokens = done + shard_done, tokens + shard_tokens
+        if shards is not None:
+            shards.generated(shard, shard_done, shard_tokens, time.perf_counter() - started)
+    missing = [i for i in range(count) if not store.has_shard(i)]
+    if missing and (shards is None or not shards.gather(missing)):
+        if shards is None:
+            raise DataError(f"shards {missing} of {store.root} are missing after generation")
+        return None
     store.finish()
-    if on_saved:
-        on_saved(store.root)
+    saved(store.root / "COMPLETE")
     return store
 
 

@@ -86,10 +86,10 @@ class DataStore:
         return cls(root, json.loads((root / "meta.json").read_text()))
 
     def _shard(self, index: int) -> Path:
-        return self.root / f"shard-{index:05d}.parquet"
+        return self.root / self.shard_files(index)[1]
 
     def _hidden(self, index: int) -> Path:
-        return self.root / f"shard-{index:05d}.hidden.safetensors"
+        return self.root / self.shard_files(index)[0]
 
     def has_shard(self, index: int) -> bool:
         return self._shard(index).is_file()
@@ -100,7 +100,8 @@ class DataStore:
         table = pq.read_table(self._shard(index), columns=["input_ids", "prompt_len"]).to_pydict()
         return sum(len(ids) - n for ids, n in zip(table["input_ids"], table["prompt_len"], strict=True))
 
-    def write_shard(self, index: int, examples: list[Example]) -> None:
+    def write_shard(self, index: int, examples: list[Example]) -> list[Path]:
+        """Write one shard; return its files in the order written (the parquet file, which marks it whole, last)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -110,9 +111,11 @@ class DataStore:
                 tensors.update({f"row{i}.teacher_ids": e.teacher.ids.contiguous(),
                                 f"row{i}.teacher_logits": e.teacher.logits.contiguous(),
                                 f"row{i}.teacher_final": e.teacher.final_hidden.contiguous()})
+        written = []
         if tensors:
             with atomic_path(self._hidden(index)) as tmp:
                 save_file(tensors, tmp)
+            written.append(self._hidden(index))
         table = pa.table({
             "id": [e.id for e in examples],
             "category": [e.category for e in examples],
@@ -123,6 +126,12 @@ class DataStore:
         })
         with atomic_path(self._shard(index)) as tmp:
             pq.write_table(table, tmp)
+        return [*written, self._shard(index)]
+
+    @staticmethod
+    def shard_files(index: int) -> tuple[str, str]:
+        """A shard's file names in the data directory, hidden states first (they may not exist), parquet last."""
+        return f"shard-{index:05d}.hidden.safetensors", f"shard-{index:05d}.parquet"
 
     def finish(self) -> None:
         atomic_write_bytes(self.root / "COMPLETE", b"ok\n")

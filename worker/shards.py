@@ -1,0 +1,237 @@
+"""One job's generate stage on several workers at once (DRAFTSMITH_WORKER_GENERATE_WORKERS > 1).
+
+The worker that claims the stage (the lead) writes a row per shard (api/shards.py), asks N - 1 other GPU-queue
+workers to help (`draftsmith.generate_shards(job_id)` tasks), and then claims shards itself like any helper.
+Every participant claims one shard at a time, generates it, uploads its files and marks it done; a claim keeps
+beating while its shard runs, and a claim that stops beating (its worker died) is taken over by whoever asks
+next. When nothing is left to claim, a helper returns; the lead waits for the shards others hold (taking over
+any that go quiet), fetches them from object storage and completes the data set, and training starts.
+
+The data equal one worker's: a shard is seeded by its index (trainer/data/regenerate.py), whoever writes it.
+A helper task that arrives late (the stage already done, or nothing left to claim) does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from api import shards as claims_db
+from api import stage_runner as runner
+from api.jobs import load_stored_spec
+from api.models import Job
+from api.states import JobStatus
+from schemas.stages import Stage
+from trainer.errors import DraftsmithError, StageInterrupted
+from trainer.pipeline import StageHooks, run_stage
+from worker.context import WorkerContext
+from worker.reporting import DRAINING, Beat, StageReporter, draining
+
+log = logging.getLogger("draftsmith.worker")
+
+
+def shard_sizes(prompts: int, shard_size: int) -> list[int]:
+    """Prompts per shard, the way regeneration cuts them."""
+    return [min(shard_size, prompts - i * shard_size) for i in range(math.ceil(prompts / shard_size))]
+
+
+class ShardClaims:
+    """trainer.data.regenerate.ShardPlan over the database's claims, for the lead (`reporter` given: it reports
+    the job's progress summed over every shard and waits for the others) or a helper."""
+
+    def __init__(self, ctx: WorkerContext, job_id: str, sync, reporter: StageReporter | None = None):
+        self.ctx, self.job_id, self.sync, self.reporter = ctx, job_id, sync, reporter
+        self.session = ctx.session_factory()
+        self.current: tuple[int, int, int] | None = None  # (shard, prompts done, tokens) being generated here
+        self.written: list[tuple[int, int, float]] = []  # (shard, tokens, seconds) written by this process
+        self.stop_reason: str | None = None
+        self._shown = 0.0  # the job's progress never goes back, even when a dead worker's partial shard is redone
+        self._heartbeat = Beat(ctx, f"shards-{job_id}", self._beat)
+
+    def __enter__(self) -> ShardClaims:
+        self._heartbeat.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._heartbeat.stop()
+        if self.current is not None:  # stopped before writing it: free it for another worker now
+            try:
+                claims_db.release_shard(self.session, self.job_id, self.current[0], self.ctx.worker_id)
+            except Exception:
+                log.warning("job %s: could not release shard %s", self.job_id, self.current[0], exc_info=True)
+        self.session.close()
+
+    @property
+    def tokens_here(self) -> int:
+        return sum(tokens for _, tokens, _ in self.written)
+
+    def should_stop(self) -> bool:
+        if self.reporter is not None and self.reporter.should_stop():
+            return True
+        return self.stop_reason is not None
+
+    # --- the ShardPlan --------------------------------------------------------------------------------
+
+    def claims(self, missing: list[int]) -> Iterator[int]:
+        stale = self.ctx.settings.worker_stale_after_seconds
+        while True:
+            if self.should_stop():
+                raise StageInterrupted(f"generation stopped on request ({self.stop_reason or 'the stage ended'}); "
+                                       "written shards are kept")
+            claim = claims_db.claim_shard(self.session, self.job_id, self.ctx.worker_id, stale)
+            if claim is not None:
+                if claim.taken_from:
+                    self._event(f"shard {claim.shard}: {claim.taken_from} went quiet; {self.ctx.worker_id} "
+                                f"generates it again (attempt {claim.attempt})", level="warning",
+                                data={"shard": claim.shard, "taken_from": claim.taken_from, "attempt": claim.attempt})
+                if self._already_written(claim.shard, missing):
+                    continue
+                self.current = (claim.shard, 0, 0)
+                yield claim.shard
+                continue
+            rows = claims_db.shard_rows(self.session, self.job_id)
+            if self.reporter is None or all(row.status == claims_db.DONE for row in rows):
+                return
+            self._report(rows)
+            time.sleep(min(self.ctx.settings.worker_heartbeat_seconds, 2.0))
+
+    def progress(self, shard: int, prompts: int, tokens: int) -> None:
+        self.current = (shard, prompts, tokens)
+        if self.reporter is not None:
+            self._report(claims_db.shard_rows(self.session, self.job_id))
+
+    def generated(self, shard: int, prompts: int, tokens: int, seconds: float) -> None:
+        claims_db.finish_shard(self.session, self.job_id, shard, self.ctx.worker_id, prompts=prompts, tokens=tokens,
+                               seconds=round(seconds, 3))
+        self.current = None
+        self.written.append((shard, tokens, seconds))
+        rate = tokens / seconds if seconds > 0 else 0.0
+        self._event(f"shard {shard} generated by {self.ctx.worker_id}: {prompts} prompts, {tokens} tokens in "
+                    f"{seconds:.1f} s ({rate:.0f} tok/s)",
+                    data={"shard": shard, "worker_id": self.ctx.worker_id, "prompts": prompts, "tokens": tokens,
+                          "seconds": round(seconds, 3), "tokens_per_s": round(rate, 1)})
+
+    def gather(self, missing: list[int]) -> bool:
+        if self.reporter is None:
+            return False
+        from trainer.data.store import DataStore
+
+        files = [f"data/{name}" for shard in missing for name in DataStore.shard_files(shard)]
+        self.sync.pull(*files)
+        return True
+
+    # --- the lead's view ------------------------------------------------------------------------------
+
+    def throughput_event(self) -> None:
+        """Per-worker throughput over the whole stage, from the shards' rows."""
+        per_worker: dict[str, dict] = defaultdict(lambda: {"shards": 0, "tokens": 0, "seconds": 0.0})
+        for row in claims_db.shard_rows(self.session, self.job_id):
+            if row.status == claims_db.DONE and row.worker_id:
+                entry = per_worker[row.worker_id]
+                entry["shards"] += 1
+                entry["tokens"] += row.tokens
+                entry["seconds"] += row.seconds or 0.0
+        for entry in per_worker.values():
+            entry["seconds"] = round(entry["seconds"], 3)
+            entry["tokens_per_s"] = round(entry["tokens"] / entry["seconds"], 1) if entry["seconds"] else None
+        summary = "; ".join(f"{worker}: {e['shards']} shards, {e['tokens']} tokens, {e['tokens_per_s']} tok/s"
+                            for worker, e in sorted(per_worker.items()))
+        self._event(f"generate: {len(per_worker)} workers wrote the shards ({summary})",
+                    data={"workers": dict(per_worker)})
+
+    def _report(self, rows: list[claims_db.ShardRow]) -> None:
+        total = sum(row.prompts for row in rows) or 1
+        done = tokens = 0
+        for row in rows:
+            if self.current is not None and row.shard == self.current[0] and row.status != claims_db.DONE:
+                done, tokens = done + self.current[1], tokens + self.current[2]
+            else:
+                done, tokens = done + row.prompts_done, tokens + row.tokens
+        whole = sum(row.status == claims_db.DONE for row in rows)
+        workers = len({row.worker_id for row in rows if row.worker_id and row.status != claims_db.PENDING})
+        self._shown = max(self._shown, done / total)
+        self.reporter.progress(Stage.GENERATE, self._shown, f"{done}/{total} prompts, {tokens} tokens; {whole} of "
+                               f"{len(rows)} shards whole, {workers} workers")
+
+    def _already_written(self, shard: int, missing: list[int]) -> bool:
+        """A claimed shard whose files exist here or in storage (its writer died before marking it done)."""
+        from trainer.data.store import DataStore
+
+        hidden, parquet = DataStore.shard_files(shard)
+        local = shard not in missing
+        if not local and not self.sync.has(f"data/{parquet}"):
+            return False
+        if local:
+            for name in (hidden, parquet):
+                if (self.sync.root / "data" / name).is_file():
+                    self.sync.push(self.sync.root / "data" / name)
+        row = next(r for r in claims_db.shard_rows(self.session, self.job_id) if r.shard == shard)
+        claims_db.finish_shard(self.session, self.job_id, shard, self.ctx.worker_id, prompts=row.prompts,
+                               tokens=row.tokens, seconds=row.seconds or 0.0)
+        return True
+
+    def _event(self, message: str, *, level: str = "info", data: dict | None = None) -> None:
+        runner.record_event(self.session, self.job_id, message, stage=Stage.GENERATE, level=level, data=data)
+
+    def _beat(self, session) -> None:
+        if draining(self.ctx):
+            self.stop_reason = self.stop_reason or DRAINING
+        if (current := self.current) is not None:  # a claim taken over meanwhile is finished anyway: same shard
+            claims_db.shard_heartbeat(session, self.job_id, current[0], self.ctx.worker_id, current[1], current[2])
+        if self.reporter is None and runner.cancellation_requested(session, self.job_id):
+            self.stop_reason = "cancellation requested"  # (the lead's reporter polls its own)
+
+
+@contextmanager
+def lead_generation(ctx: WorkerContext, job: Job, sync, reporter: StageReporter, *, train_prompts: int,
+                    shard_size: int) -> Iterator[ShardClaims]:
+    """The lead's claims: a row per shard, N - 1 helpers asked, then the claims to generate with."""
+    from worker.app import send_generate_helpers
+
+    sizes = shard_sizes(train_prompts, shard_size)
+    with ctx.session_factory() as session:
+        claims_db.plan_shards(session, job.id, sizes)
+    helpers = min(ctx.settings.worker_generate_workers, len(sizes)) - 1
+    reporter.event(f"generate: {len(sizes)} shards of up to {shard_size} prompts over up to {helpers + 1} workers",
+                   data={"shards": len(sizes), "shard_size": shard_size, "workers": helpers + 1})
+    if helpers > 0:
+        send_generate_helpers(job.id, helpers)
+    with ShardClaims(ctx, job.id, sync, reporter) as shards:
+        yield shards
+        shards.throughput_event()
+
+
+def help_generate(ctx: WorkerContext, job_id: str) -> str:
+    """The `draftsmith.generate_shards(job_id)` task: claim and write the job's shards until none is left to claim."""
+    from worker.stages import JobFiles, launch_for, local_sources
+    from worker.usage import StageUsage
+
+    with ctx.session_factory() as session:
+        job = session.get(Job, job_id)
+        rows = claims_db.shard_rows(session, job_id) if job is not None else []
+        if job is None or job.status != JobStatus.GENERATING or all(r.status == claims_db.DONE for r in rows):
+            return "nothing_to_do"
+        session.expunge(job)
+    files = JobFiles(ctx, job_id)
+    files.sync.pull("sources.json", "prepare.json")
+    spec = load_stored_spec(job.spec)
+    from trainer.job_config import run_config_from_spec
+
+    with StageUsage(ctx, job, Stage.GENERATE) as usage, ShardClaims(ctx, job_id, files.sync) as shards:
+        try:
+            config = run_config_from_spec(spec, **local_sources(ctx, job, spec, files, None, pin=False))
+            hooks = StageHooks(should_stop=shards.should_stop, on_saved=files.sync.push, shards=shards)
+            run_stage(Stage.GENERATE, config, files.layout, hooks, launch_for(ctx.settings))
+        except StageInterrupted as stopped:
+            log.info("job %s: helper stopped: %s", job_id, stopped)
+            return "stopped"
+        except DraftsmithError as error:  # the lead meets the same error and fails the job with it
+            log.warning("job %s: helper gave up: %s", job_id, error)
+            return "failed"
+        finally:
+            usage.tokens_from({"response_tokens": shards.tokens_here})
+    return f"wrote {len(shards.written)} shards"
