@@ -131,6 +131,15 @@ def test_gpus_per_pod_match_the_training_processes():
     assert spec["resources"]["limits"]["nvidia.com/gpu"] == spec["resources"]["requests"]["nvidia.com/gpu"] == nproc
 
 
+def test_a_jobs_generate_helpers_fit_the_gpu_pods_keda_may_start():
+    """The helpers a generate stage asks for wait on the gpu queue, which scales the GPU workers: more helpers than
+    the scaler's most pods would only wait."""
+    docs = render("gpu")
+    spec = container(one(docs, "Deployment", "draftsmith-worker-gpu"))
+    helpers = int(config_map_data(docs, spec["envFrom"][1]["configMapRef"]["name"])["DRAFTSMITH_WORKER_GENERATE_WORKERS"])
+    assert 1 < helpers <= one(docs, "ScaledObject", "draftsmith-worker-gpu")["spec"]["maxReplicaCount"]
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_workers_scale_on_the_length_of_the_queues_they_consume(overlay):
     docs = render(overlay)
