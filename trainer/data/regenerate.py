@@ -240,48 +240,66 @@ def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, ou
     tokens = sum(store.shard_tokens(i) for i in range(count) if store.has_shard(i))
     missing = [i for i in range(count) if not store.has_shard(i)]
     for shard in (shards.claims(missing) if shards is not None else missing):
-        started, shard_done, shard_tokens = time.perf_counter(), 0, 0
-        generator = torch.Generator().manual_seed(params.seed * 100_003 + shard)
-        # Similar lengths per batch waste less padding.
-        order = sorted(chunks[shard], key=lambda i: len(prompt_ids[i]))
-        responses = backend.respond([prompt_ids[i] for i in order], params, params.seed * 100_003 + shard) \
-            if backend is not None else None
-        examples: dict[int, Example] = {}
-        for start in range(0, len(order), batch_size):
-            if should_stop is not None and should_stop():
-                raise StageInterrupted(f"generation stopped on request after {done} of {len(prompts)} prompts; "
-                                       "finished shards are kept and the stage resumes from them")
-            batch = order[start:start + batch_size]
-            taps = tap_layer_ids if plan.cache_hidden else None
-            if responses is None:
-                outputs = generate_batch(target, [prompt_ids[i] for i in batch], params, taps, generator, teacher_top_k)
-            else:
-                from trainer.data.capture import capture_batch
+        started = time.perf_counter()
 
-                outputs = capture_batch(target, [prompt_ids[i] for i in batch], responses[start:start + len(batch)],
-                                        taps, teacher_top_k)
-            for i, (response, hidden, reason, teacher) in zip(batch, outputs, strict=True):
-                examples[i] = Example(prompts[i].id, prompts[i].category, prompt_ids[i] + response,
-                                      len(prompt_ids[i]), reason, hidden, teacher)
-                shard_tokens += len(response)
-            shard_done += len(batch)
+        def batch_done(prompts_done: int, shard_tokens: int, shard: int = shard) -> None:
             if shards is not None:
-                shards.progress(shard, shard_done, shard_tokens)
+                shards.progress(shard, prompts_done, shard_tokens)
             if on_progress:
-                on_progress(done + shard_done, len(prompts), tokens + shard_tokens)
-        for path in store.write_shard(shard, [examples[i] for i in chunks[shard]]):
+                on_progress(done + prompts_done, len(prompts), tokens + shard_tokens)
+
+        examples, shard_tokens = _shard_examples(target, prompts, prompt_ids, chunks[shard], params, shard,
+                                                 tap_layer_ids if plan.cache_hidden else None, batch_size,
+                                                 teacher_top_k, backend, should_stop, batch_done,
+                                                 lambda: f"{done} of {len(prompts)}")
+        for path in store.write_shard(shard, examples):
             saved(path)
-        done, tokens = done + shard_done, tokens + shard_tokens
+        done, tokens = done + len(examples), tokens + shard_tokens
         if shards is not None:
-            shards.generated(shard, shard_done, shard_tokens, time.perf_counter() - started)
+            shards.generated(shard, len(examples), shard_tokens, time.perf_counter() - started)
     missing = [i for i in range(count) if not store.has_shard(i)]
-    if missing and (shards is None or not shards.gather(missing)):
+    if missing:
         if shards is None:
             raise DataError(f"shards {missing} of {store.root} are missing after generation")
-        return None
+        if not shards.gather(missing):
+            return None
     store.finish()
     saved(store.root / "COMPLETE")
     return store
+
+
+def _shard_examples(target: Target, prompts: list[Prompt], prompt_ids: list[list[int]], chunk: range,
+                    params: SamplingParams, shard: int, taps: list[int] | None, batch_size: int, teacher_top_k: int,
+                    backend: ResponseBackend | None, should_stop: Callable[[], bool] | None,
+                    batch_done: Callable[[int, int], None], done_so_far: Callable[[], str]) -> tuple[list[Example], int]:
+    """One shard's examples in prompt order, and its response tokens. The shard's seed is its index, so whichever
+    process writes it, it is the same shard."""
+    generator = torch.Generator().manual_seed(params.seed * 100_003 + shard)
+    # Similar lengths per batch waste less padding.
+    order = sorted(chunk, key=lambda i: len(prompt_ids[i]))
+    responses = backend.respond([prompt_ids[i] for i in order], params, params.seed * 100_003 + shard) \
+        if backend is not None else None
+    examples: dict[int, Example] = {}
+    prompts_done = shard_tokens = 0
+    for start in range(0, len(order), batch_size):
+        if should_stop is not None and should_stop():
+            raise StageInterrupted(f"generation stopped on request after {done_so_far()} prompts; finished shards "
+                                   "are kept and the stage resumes from them")
+        batch = order[start:start + batch_size]
+        if responses is None:
+            outputs = generate_batch(target, [prompt_ids[i] for i in batch], params, taps, generator, teacher_top_k)
+        else:
+            from trainer.data.capture import capture_batch
+
+            outputs = capture_batch(target, [prompt_ids[i] for i in batch], responses[start:start + len(batch)],
+                                    taps, teacher_top_k)
+        for i, (response, hidden, reason, teacher) in zip(batch, outputs, strict=True):
+            examples[i] = Example(prompts[i].id, prompts[i].category, prompt_ids[i] + response, len(prompt_ids[i]),
+                                  reason, hidden, teacher)
+            shard_tokens += len(response)
+        prompts_done += len(batch)
+        batch_done(prompts_done, shard_tokens)
+    return [examples[i] for i in chunk], shard_tokens
 
 
 def describe_plan(target: Target, prompts: list[Prompt], params: SamplingParams, num_taps: int,
