@@ -56,6 +56,7 @@ export async function api(path, { method = "GET", body, query, headers = {}, sig
       if (item !== undefined && item !== null && item !== "") url.searchParams.append(name, String(item));
     }
   }
+  const sentKey = auth.key;
   const init = { method, signal, cache: "no-store", headers: { Accept: "application/json", ...auth.headers(), ...headers } };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
@@ -70,7 +71,9 @@ export async function api(path, { method = "GET", body, query, headers = {}, sig
   }
   if (response.status === 401) {
     const problem = await readProblem(response);
-    signedOut(problem.detail || "your API key was not accepted");
+    // Only a refusal of the key in use signs out: a request that left after an earlier 401 had cleared the key
+    // would otherwise replace that refusal's reason ("revoked") with "send your API key".
+    if (sentKey && auth.key === sentKey) signedOut(problem.detail || "your API key was not accepted");
     throw new ApiError(401, problem);
   }
   if (!response.ok) throw new ApiError(response.status, await readProblem(response));

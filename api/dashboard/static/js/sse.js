@@ -63,6 +63,7 @@ export class EventStream {
   /** One connection; resolves to "ended", "unauthorized" or "dropped". */
   async connectOnce() {
     this.controller = new AbortController();
+    const sentKey = auth.key;
     const headers = { Accept: "text/event-stream", ...auth.headers() };
     if (this.lastId > 0) headers["Last-Event-ID"] = String(this.lastId);
     if (this.state !== "reconnecting") this.setState("connecting");
@@ -80,7 +81,7 @@ export class EventStream {
     if (response.status === 401) {
       let detail = "your API key was not accepted";
       try { detail = (await response.json()).detail || detail; } catch { /* keep the default */ }
-      signedOut(detail);
+      if (sentKey && auth.key === sentKey) signedOut(detail); // else an earlier 401 already signed out (api.js)
       this.setState("ended");
       return "unauthorized";
     }
