@@ -14,11 +14,10 @@ A helper task that arrives late (the stage already done, or nothing left to clai
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from pathlib import Path
 
 from api import shards as claims_db
 from api import stage_runner as runner
@@ -29,14 +28,9 @@ from schemas.stages import Stage
 from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.pipeline import StageHooks, run_stage
 from worker.context import WorkerContext
-from worker.reporting import DRAINING, Beat, StageReporter, draining
+from worker.reporting import DRAINING, FLUSH_SECONDS, Beat, StageReporter, draining
 
 log = logging.getLogger("draftsmith.worker")
-
-
-def shard_sizes(prompts: int, shard_size: int) -> list[int]:
-    """Prompts per shard, the way regeneration cuts them."""
-    return [min(shard_size, prompts - i * shard_size) for i in range(math.ceil(prompts / shard_size))]
 
 
 class ShardClaims:
@@ -46,6 +40,8 @@ class ShardClaims:
     def __init__(self, ctx: WorkerContext, job_id: str, sync, reporter: StageReporter | None = None):
         self.ctx, self.job_id, self.sync, self.reporter = ctx, job_id, sync, reporter
         self.session = ctx.session_factory()
+        self.files: list[list[str]] = []  # per shard, its files relative to the job's work folder (begin)
+        self._reported_at = 0.0
         self.current: tuple[int, int, int] | None = None  # (shard, prompts done, tokens) being generated here
         self.written: list[tuple[int, int, float]] = []  # (shard, tokens, seconds) written by this process
         self.stop_reason: str | None = None
@@ -76,6 +72,21 @@ class ShardClaims:
 
     # --- the ShardPlan --------------------------------------------------------------------------------
 
+    def begin(self, sizes: list[int], files: list[list[Path]]) -> None:
+        self.files = [[path.relative_to(self.sync.root).as_posix() for path in paths] for paths in files]
+        if self.reporter is None:
+            return
+        # The lead: a row per shard (a resumed stage keeps the rows it has), then N - 1 helpers asked to claim.
+        from worker.app import send_generate_helpers
+
+        claims_db.plan_shards(self.session, self.job_id, sizes)
+        helpers = min(self.ctx.settings.worker_generate_workers, len(sizes)) - 1
+        self.reporter.event(f"generate: {len(sizes)} shards of up to {max(sizes, default=0)} prompts over up to "
+                            f"{helpers + 1} workers",
+                            data={"shards": len(sizes), "shard_size": max(sizes, default=0), "workers": helpers + 1})
+        if helpers > 0:
+            send_generate_helpers(self.job_id, helpers)
+
     def claims(self, missing: list[int]) -> Iterator[int]:
         stale = self.ctx.settings.worker_stale_after_seconds
         while True:
@@ -101,7 +112,8 @@ class ShardClaims:
 
     def progress(self, shard: int, prompts: int, tokens: int) -> None:
         self.current = (shard, prompts, tokens)
-        if self.reporter is not None:
+        # The lead sums every shard's progress from the database: at most once per FLUSH_SECONDS, off the batch path.
+        if self.reporter is not None and time.monotonic() - self._reported_at >= FLUSH_SECONDS:
             self._report(claims_db.shard_rows(self.session, self.job_id))
 
     def generated(self, shard: int, prompts: int, tokens: int, seconds: float) -> None:
@@ -118,10 +130,7 @@ class ShardClaims:
     def gather(self, missing: list[int]) -> bool:
         if self.reporter is None:
             return False
-        from trainer.data.store import DataStore
-
-        files = [f"data/{name}" for shard in missing for name in DataStore.shard_files(shard)]
-        self.sync.pull(*files)
+        self.sync.pull(*(name for shard in missing for name in self.files[shard]))
         return True
 
     # --- the lead's view ------------------------------------------------------------------------------
@@ -153,22 +162,19 @@ class ShardClaims:
                 done, tokens = done + row.prompts_done, tokens + row.tokens
         whole = sum(row.status == claims_db.DONE for row in rows)
         workers = len({row.worker_id for row in rows if row.worker_id and row.status != claims_db.PENDING})
-        self._shown = max(self._shown, done / total)
+        self._shown, self._reported_at = max(self._shown, done / total), time.monotonic()
         self.reporter.progress(Stage.GENERATE, self._shown, f"{done}/{total} prompts, {tokens} tokens; {whole} of "
                                f"{len(rows)} shards whole, {workers} workers")
 
     def _already_written(self, shard: int, missing: list[int]) -> bool:
         """A claimed shard whose files exist here or in storage (its writer died before marking it done)."""
-        from trainer.data.store import DataStore
-
-        hidden, parquet = DataStore.shard_files(shard)
-        local = shard not in missing
-        if not local and not self.sync.has(f"data/{parquet}"):
+        *_, marker = self.files[shard]
+        if shard in missing and not self.sync.has(marker):
             return False
-        if local:
-            for name in (hidden, parquet):
-                if (self.sync.root / "data" / name).is_file():
-                    self.sync.push(self.sync.root / "data" / name)
+        if shard not in missing:  # whole on this machine: make sure storage has it too
+            for name in self.files[shard]:
+                if (self.sync.root / name).is_file():
+                    self.sync.push(self.sync.root / name)
         row = next(r for r in claims_db.shard_rows(self.session, self.job_id) if r.shard == shard)
         claims_db.finish_shard(self.session, self.job_id, shard, self.ctx.worker_id, prompts=row.prompts,
                                tokens=row.tokens, seconds=row.seconds or 0.0)
@@ -186,28 +192,9 @@ class ShardClaims:
             self.stop_reason = "cancellation requested"  # (the lead's reporter polls its own)
 
 
-@contextmanager
-def lead_generation(ctx: WorkerContext, job: Job, sync, reporter: StageReporter, *, train_prompts: int,
-                    shard_size: int) -> Iterator[ShardClaims]:
-    """The lead's claims: a row per shard, N - 1 helpers asked, then the claims to generate with."""
-    from worker.app import send_generate_helpers
-
-    sizes = shard_sizes(train_prompts, shard_size)
-    with ctx.session_factory() as session:
-        claims_db.plan_shards(session, job.id, sizes)
-    helpers = min(ctx.settings.worker_generate_workers, len(sizes)) - 1
-    reporter.event(f"generate: {len(sizes)} shards of up to {shard_size} prompts over up to {helpers + 1} workers",
-                   data={"shards": len(sizes), "shard_size": shard_size, "workers": helpers + 1})
-    if helpers > 0:
-        send_generate_helpers(job.id, helpers)
-    with ShardClaims(ctx, job.id, sync, reporter) as shards:
-        yield shards
-        shards.throughput_event()
-
-
 def help_generate(ctx: WorkerContext, job_id: str) -> str:
     """The `draftsmith.generate_shards(job_id)` task: claim and write the job's shards until none is left to claim."""
-    from worker.stages import JobFiles, launch_for, local_sources
+    from worker.stages import JobFiles, job_run_config, launch_for
     from worker.usage import StageUsage
 
     with ctx.session_factory() as session:
@@ -219,11 +206,9 @@ def help_generate(ctx: WorkerContext, job_id: str) -> str:
     files = JobFiles(ctx, job_id)
     files.sync.pull("sources.json", "prepare.json")
     spec = load_stored_spec(job.spec)
-    from trainer.job_config import run_config_from_spec
-
     with StageUsage(ctx, job, Stage.GENERATE) as usage, ShardClaims(ctx, job_id, files.sync) as shards:
         try:
-            config = run_config_from_spec(spec, **local_sources(ctx, job, spec, files, None, pin=False))
+            config = job_run_config(ctx, job, spec, files, None, pin=False)
             hooks = StageHooks(should_stop=shards.should_stop, on_saved=files.sync.push, shards=shards)
             run_stage(Stage.GENERATE, config, files.layout, hooks, launch_for(ctx.settings))
         except StageInterrupted as stopped:

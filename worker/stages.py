@@ -99,8 +99,7 @@ def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageRe
             # The series must hold every step once: steps the lost attempt trained up to its checkpoint but had
             # not yet written to the database come back from the checkpoint's metrics.jsonl.
             reporter.restore_metrics(files.layout.train / "metrics.jsonl", int(checkpoint.removeprefix("step-")))
-        sources = local_sources(ctx, job, spec, files, reporter, pin=stage is Stage.PREPARE)
-        config = run_config_from_spec(spec, **sources)
+        config = job_run_config(ctx, job, spec, files, reporter, pin=stage is Stage.PREPARE)
         hooks = StageHooks(progress=reporter.progress, should_stop=reporter.should_stop, on_saved=files.sync.push,
                            on_metrics=reporter.metrics)
         if stage is Stage.GENERATE and ctx.settings.worker_generate_workers > 1:
@@ -119,15 +118,20 @@ def _generate_with_helpers(ctx: WorkerContext, job: Job, config, files: JobFiles
                            reporter: StageReporter) -> dict:
     """The generate stage spread over DRAFTSMITH_WORKER_GENERATE_WORKERS workers (worker/shards.py): this worker
     leads, claims shards beside its helpers, and reports the job's progress summed over every shard."""
-    from worker.shards import lead_generation
+    from worker.shards import ShardClaims
 
-    train_prompts = json.loads(files.layout.prepared.read_text())["train_prompts"]
-    with lead_generation(ctx, job, files.sync, reporter, train_prompts=train_prompts,
-                         shard_size=config.generation_shard_size) as shards:
+    with ShardClaims(ctx, job.id, files.sync, reporter) as shards:
         hooks = dataclasses.replace(hooks, progress=lambda stage, fraction, detail: None,
                                     should_stop=shards.should_stop, shards=shards)
         info = run_stage(Stage.GENERATE, config, files.layout, hooks, launch_for(ctx.settings))
+        shards.throughput_event()
     return {**info, "response_tokens_here": shards.tokens_here}
+
+
+def job_run_config(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, reporter: StageReporter | None, *,
+                   pin: bool):
+    """The job's RunConfig on this worker: its spec with the target, prompts and parent drafter fetched here."""
+    return run_config_from_spec(spec, **local_sources(ctx, job, spec, files, reporter, pin=pin))
 
 
 def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, reporter: StageReporter | None, *,

@@ -115,7 +115,8 @@ def test_regeneration_stops_when_asked_and_resumes_from_its_finished_shards(tiny
         regenerate(target, prompts, params, tmp_path / "d", tap_layer_ids=[1], shard_size=4, batch_size=4,
                    should_stop=lambda: next(batches) >= 1, on_saved=saved.append)
     # Every file is announced once written, a shard's parquet (its completeness mark) after its hidden states.
-    assert saved == [tmp_path / "d" / name for name in ("meta.json", *DataStore.shard_files(0))]
+    assert saved == [tmp_path / "d" / name for name in ("meta.json", "shard-00000.hidden.safetensors",
+                                                        "shard-00000.parquet")]
     assert not (tmp_path / "d" / "COMPLETE").exists()
     store = regenerate(target, prompts, params, tmp_path / "d", tap_layer_ids=[1], shard_size=4, batch_size=4)
     assert len(store.examples()) == 12

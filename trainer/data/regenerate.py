@@ -194,6 +194,10 @@ class ShardPlan(Protocol):
     """Which shards this process generates, when one job's generation is spread over several workers
     (worker/shards.py claims them in the database). Without one, a process generates every missing shard."""
 
+    def begin(self, sizes: list[int], files: list[list[Path]]) -> None:
+        """How this data set is cut: prompts per shard, and each shard's files in the order they are written (the
+        parquet file, which marks the shard whole, last). Called once, before `claims`."""
+
     def claims(self, missing: list[int]) -> Iterator[int]:
         """The shards to generate here, one at a time (each claimed only when the previous one is written);
         `missing` are those not on this machine. May wait for shards other workers hold."""
@@ -205,8 +209,8 @@ class ShardPlan(Protocol):
         """`shard` is written, and on_saved has been called for its files."""
 
     def gather(self, missing: list[int]) -> bool:
-        """Bring shards written elsewhere into the data directory. False: finishing the data set is another
-        process's work (a helper), so stop here."""
+        """Bring shards written elsewhere into the data directory (their files as `begin` named them). False:
+        finishing the data set is another process's work (a helper), so stop here."""
 
 
 def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, out_dir: str | Path, *,
@@ -239,6 +243,8 @@ def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, ou
     done = sum(len(chunks[i]) for i in range(count) if store.has_shard(i))
     tokens = sum(store.shard_tokens(i) for i in range(count) if store.has_shard(i))
     missing = [i for i in range(count) if not store.has_shard(i)]
+    if shards is not None:
+        shards.begin([len(chunk) for chunk in chunks], [store.shard_paths(i) for i in range(count)])
     for shard in (shards.claims(missing) if shards is not None else missing):
         started = time.perf_counter()
 
@@ -251,7 +257,7 @@ def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, ou
         examples, shard_tokens = _shard_examples(target, prompts, prompt_ids, chunks[shard], params, shard,
                                                  tap_layer_ids if plan.cache_hidden else None, batch_size,
                                                  teacher_top_k, backend, should_stop, batch_done,
-                                                 lambda: f"{done} of {len(prompts)}")
+                                                 f"{done} of {len(prompts)}")
         for path in store.write_shard(shard, examples):
             saved(path)
         done, tokens = done + len(examples), tokens + shard_tokens
@@ -271,7 +277,7 @@ def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, ou
 def _shard_examples(target: Target, prompts: list[Prompt], prompt_ids: list[list[int]], chunk: range,
                     params: SamplingParams, shard: int, taps: list[int] | None, batch_size: int, teacher_top_k: int,
                     backend: ResponseBackend | None, should_stop: Callable[[], bool] | None,
-                    batch_done: Callable[[int, int], None], done_so_far: Callable[[], str]) -> tuple[list[Example], int]:
+                    batch_done: Callable[[int, int], None], done_before: str) -> tuple[list[Example], int]:
     """One shard's examples in prompt order, and its response tokens. The shard's seed is its index, so whichever
     process writes it, it is the same shard."""
     generator = torch.Generator().manual_seed(params.seed * 100_003 + shard)
@@ -283,7 +289,7 @@ def _shard_examples(target: Target, prompts: list[Prompt], prompt_ids: list[list
     prompts_done = shard_tokens = 0
     for start in range(0, len(order), batch_size):
         if should_stop is not None and should_stop():
-            raise StageInterrupted(f"generation stopped on request after {done_so_far()} prompts; finished shards "
+            raise StageInterrupted(f"generation stopped on request after {done_before} prompts; finished shards "
                                    "are kept and the stage resumes from them")
         batch = order[start:start + batch_size]
         if responses is None:

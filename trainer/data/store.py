@@ -86,10 +86,10 @@ class DataStore:
         return cls(root, json.loads((root / "meta.json").read_text()))
 
     def _shard(self, index: int) -> Path:
-        return self.root / self.shard_files(index)[1]
+        return self.root / f"shard-{index:05d}.parquet"
 
     def _hidden(self, index: int) -> Path:
-        return self.root / self.shard_files(index)[0]
+        return self.root / f"shard-{index:05d}.hidden.safetensors"
 
     def has_shard(self, index: int) -> bool:
         return self._shard(index).is_file()
@@ -128,10 +128,9 @@ class DataStore:
             pq.write_table(table, tmp)
         return [*written, self._shard(index)]
 
-    @staticmethod
-    def shard_files(index: int) -> tuple[str, str]:
-        """A shard's file names in the data directory, hidden states first (they may not exist), parquet last."""
-        return f"shard-{index:05d}.hidden.safetensors", f"shard-{index:05d}.parquet"
+    def shard_paths(self, index: int) -> list[Path]:
+        """A shard's files in the order `write_shard` writes them: hidden states (absent when not cached), parquet."""
+        return [self._hidden(index), self._shard(index)]
 
     def finish(self) -> None:
         atomic_write_bytes(self.root / "COMPLETE", b"ok\n")
