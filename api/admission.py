@@ -38,7 +38,7 @@ from prometheus_client.registry import Collector
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.problems import Unauthenticated, send_problem
+from api.problems import Unauthenticated, problem_headers, problem_status, send_problem
 from api.settings import Settings
 
 log = logging.getLogger("draftsmith.api")
@@ -201,7 +201,8 @@ class AdmissionControlMiddleware:
             principal = await anyio.to_thread.run_sync(check, limiter=self._key_threads)
         except Unauthenticated as exc:
             self.state.unauthenticated_total += 1
-            await send_problem(scope, send, exc.status, exc.slug, exc.title, exc.detail, headers=exc.headers)
+            await send_problem(scope, send, problem_status(exc), exc.slug, exc.title, exc.detail,
+                               headers=problem_headers(exc))
             return False
         except Exception:  # the database is down, say: the route checks again and answers that properly
             log.warning("key check before admission failed; the route will check again", exc_info=True)

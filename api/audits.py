@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from api.drafters import get_drafter_for_org
 from api.jobs import parse_spec, uploaded_prompt_count
 from api.models import Audit, Job, Organisation, new_id, utcnow
-from api.problems import NotFound, ServiceUnavailable
+from domain.errors import NotFound, ServiceUnavailable
 from api.redaction import redact_text
 from api.settings import Settings
 from api.storage_scope import check_spec_storage
@@ -123,7 +123,7 @@ def create_audit(session: Session, settings: Settings, queue, *, org_id: str, sp
         row.error_code, row.error_message = "enqueue_failed", f"broker unavailable: {redact_text(str(exc))}"[:2000]
         session.commit()
         raise ServiceUnavailable(f"audit {row.id} was saved but the broker is unavailable; submit it again once the "
-                                 "broker is back", headers={"Retry-After": "30"}, extra={"audit_id": row.id}) from None
+                                 "broker is back", retry_after_seconds=30, extra={"audit_id": row.id}) from None
     return row
 
 

@@ -26,7 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.models import Artifact, Drafter, Job, Publication, utcnow
-from api.problems import FieldError, InvalidRequest, NotFound
+from domain.errors import FieldError, InvalidRequest, NotFound
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
 
 MAX_CHAIN = 100

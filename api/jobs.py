@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from api.drafters import check_warm_start
 from api.events import append_event
 from api.models import Job, JobLabel, Organisation, PromptFile, Publication, StageRun, new_id, utcnow
-from api.problems import (
+from domain.errors import (
     FieldError,
     IdempotencyConflict,
     InvalidRequest,
@@ -160,7 +160,7 @@ def _refuse_if_full(org: Organisation, active: int, settings: Settings) -> None:
         raise TooManyActiveJobs(
             f"organisation {org.name!r} already has {active} active jobs (limit {limit}); "
             "wait for one to finish or cancel one, then retry",
-            headers={"Retry-After": "60"},
+            retry_after_seconds=60,
             extra={"active_jobs": active, "limit": limit},
         )
 
@@ -242,7 +242,7 @@ def _enqueue_or_fail(session: Session, queue: RecordingQueue | CeleryQueue, job:
         raise ServiceUnavailable(
             f"job {job.id} was saved but the broker is unavailable; it is marked failed "
             f"(enqueue_failed). Resume it with POST /v1/jobs/{job.id}/resume once the broker is back",
-            headers={"Retry-After": "30"},
+            retry_after_seconds=30,
             extra={"job_id": job.id},
         ) from None
 

@@ -1,7 +1,8 @@
 """Errors as RFC 9457 problem details (`application/problem+json`).
 
-Domain code raises `ProblemError` subclasses (plain exceptions, usable from the worker too); the
-handlers here turn them, FastAPI's validation errors and any unexpected exception into one shape:
+Domain code raises `domain.errors` refusals (plain exceptions, raised by the worker and the CLI too); this
+module gives each its HTTP status (`HTTP_STATUS`) and turns it, the HTTP-only refusals below, FastAPI's
+validation errors and any unexpected exception into one shape:
 `{type, title, status, detail, instance, errors?}` where `errors` names each offending field.
 """
 
@@ -22,16 +23,22 @@ from sqlalchemy.orm.exc import StaleDataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from domain.errors import (
+    Conflict,
+    DomainError,
+    FieldError,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    ServiceUnavailable,
+    TooManyActiveJobs,
+    field_errors_from_pydantic,
+)
+
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_BASE = "urn:draftsmith:problem:"
 DATABASE_RETRY_AFTER_SECONDS = 2
 log = logging.getLogger("draftsmith.api")
-
-
-class FieldError(BaseModel):
-    field: str = Field(description="Dotted path of the offending field, e.g. `drafter.block_size`, or `file`.")
-    message: str
-    line: int | None = Field(default=None, description="1-based line number, for errors inside an uploaded file.")
 
 
 class Problem(BaseModel):
@@ -45,67 +52,44 @@ class Problem(BaseModel):
     errors: list[FieldError] | None = None
 
 
-class ProblemError(Exception):
-    status = 400
-    slug = "bad-request"
-    title = "Bad request"
+class Unauthenticated(DomainError):
+    """No key, or a key that is unknown, revoked or expired (only HTTP requests carry keys)."""
 
-    def __init__(
-        self,
-        detail: str,
-        *,
-        errors: list[FieldError] | None = None,
-        headers: dict[str, str] | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.errors = errors
-        self.headers = headers or {}
-        self.extra = extra or {}
+    slug, title = "unauthenticated", "Missing or invalid API key"
 
 
-class InvalidRequest(ProblemError):
-    status, slug, title = 422, "validation-error", "Request validation failed"
+class Forbidden(DomainError):
+    slug, title = "forbidden", "Insufficient scope"
 
 
-class Unauthenticated(ProblemError):
-    status, slug, title = 401, "unauthenticated", "Missing or invalid API key"
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail, headers={"WWW-Authenticate": 'Bearer realm="draftsmith"'})
+class PayloadTooLarge(DomainError):
+    slug, title = "payload-too-large", "Upload too large"
 
 
-class Forbidden(ProblemError):
-    status, slug, title = 403, "forbidden", "Insufficient scope"
+HTTP_STATUS: dict[type[DomainError], int] = {
+    DomainError: 400,
+    InvalidRequest: 422,
+    Unauthenticated: 401,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,  # and its kinds: invalid transition, reused idempotency key, stage conflict/busy, pending cancel
+    PayloadTooLarge: 413,
+    TooManyActiveJobs: 429,
+    QuotaExceeded: 429,
+    ServiceUnavailable: 503,
+}
+"""The status each kind of refusal answers with; a subclass answers as its nearest listed base."""
 
 
-class NotFound(ProblemError):
-    status, slug, title = 404, "not-found", "Not found"
+def problem_status(exc: DomainError) -> int:
+    return next(HTTP_STATUS[kind] for kind in type(exc).__mro__ if kind in HTTP_STATUS)
 
 
-class Conflict(ProblemError):
-    status, slug, title = 409, "conflict", "Conflict"
-
-
-class InvalidTransition(Conflict):
-    slug, title = "invalid-transition", "Job state does not allow this"
-
-
-class IdempotencyConflict(Conflict):
-    slug, title = "idempotency-key-reused", "Idempotency-Key reused with a different body"
-
-
-class TooManyActiveJobs(ProblemError):
-    status, slug, title = 429, "concurrency-limit", "Too many active jobs"
-
-
-class PayloadTooLarge(ProblemError):
-    status, slug, title = 413, "payload-too-large", "Upload too large"
-
-
-class ServiceUnavailable(ProblemError):
-    status, slug, title = 503, "service-unavailable", "Service unavailable"
+def problem_headers(exc: DomainError) -> dict[str, str]:
+    headers = {"WWW-Authenticate": 'Bearer realm="draftsmith"'} if isinstance(exc, Unauthenticated) else {}
+    if exc.retry_after_seconds is not None:
+        headers["Retry-After"] = str(exc.retry_after_seconds)
+    return headers
 
 
 async def send_problem(scope: Scope, send: Send, status: int, slug: str, title: str, detail: str, *,
@@ -146,18 +130,6 @@ def problem_response(
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_MEDIA_TYPE)
 
 
-def field_errors_from_pydantic(errors: list[Any], *, drop_prefix: tuple[str, ...] = ()) -> list[FieldError]:
-    """Pydantic error dicts -> FieldError, with `body`/`query` prefixes removed from the path."""
-    result = []
-    for error in errors:
-        loc = [str(part) for part in error.get("loc", ())]
-        while loc and loc[0] in drop_prefix:
-            loc = loc[1:]
-        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-        result.append(FieldError(field=".".join(loc) or "body", message=message))
-    return result
-
-
 def _summary(errors: list[FieldError]) -> str:
     first = errors[0]
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -166,10 +138,10 @@ def _summary(errors: list[FieldError]) -> str:
 
 def install_problem_handlers(app: FastAPI) -> None:
     async def on_problem(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, ProblemError)
+        assert isinstance(exc, DomainError)
         return problem_response(
-            request, exc.status, exc.slug, exc.title, exc.detail,
-            errors=exc.errors, headers=exc.headers, extra=exc.extra,
+            request, problem_status(exc), exc.slug, exc.title, exc.detail,
+            errors=exc.errors, headers=problem_headers(exc), extra=exc.extra,
         )
 
     async def on_request_validation(request: Request, exc: Exception) -> JSONResponse:
@@ -226,7 +198,7 @@ def install_problem_handlers(app: FastAPI) -> None:
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         return internal_error_response(request, exc)
 
-    app.add_exception_handler(ProblemError, on_problem)
+    app.add_exception_handler(DomainError, on_problem)
     app.add_exception_handler(RequestValidationError, on_request_validation)
     app.add_exception_handler(ValidationError, on_pydantic_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)

@@ -23,7 +23,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from api.models import OrgSecret, utcnow
-from api.problems import FieldError, InvalidRequest, NotFound
+from domain.errors import FieldError, InvalidRequest, NotFound
 from api.settings import Settings
 from schemas.job_spec import SECRET_NAME_PATTERN, JobSpec
 

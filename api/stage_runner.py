@@ -58,7 +58,7 @@ from sqlalchemy.orm import Session
 from api.events import append_event
 from api.jobs import next_stage
 from api.models import Artifact, Job, MetricPoint, Publication, StageRun, utcnow
-from api.problems import Conflict, InvalidTransition, NotFound
+from domain.errors import CancellationPending, InvalidTransition, NotFound, StageBusy, StageConflict
 from api.states import RUNNING_STATUSES, STAGE_ORDER, STATUS_OF_STAGE, JobStatus, Stage, transition
 from api.storage import LocalStorage, S3Storage, check_key
 
@@ -72,18 +72,6 @@ __all__ = [
 _CODE_RE = re.compile(r"^[a-z0-9_.-]{1,64}$")
 _METRIC_RE = re.compile(r"^[A-Za-z0-9_./-]{1,100}$")
 _KIND_RE = re.compile(r"^[a-z0-9_-]{1,32}$")
-
-
-class StageConflict(Conflict):
-    slug, title = "stage-conflict", "Stage out of order"
-
-
-class CancellationPending(Conflict):
-    slug, title = "cancellation-pending", "Cancellation requested"
-
-
-class StageBusy(Conflict):
-    slug, title = "stage-busy", "Another worker is running this stage"
 
 
 def _locked_job(session: Session, job_id: str) -> Job:

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from api.events import append_event
 from api.models import Job, utcnow
-from api.problems import InvalidTransition
+from domain.errors import InvalidTransition
 from api.webhooks import enqueue_job_webhooks
 from schemas.stages import STAGE_ORDER, Stage  # the one list of stage names (re-exported here)
 

@@ -417,7 +417,7 @@ def tenant_for(session: object, org_id: str) -> Tenant:
 def check_spec_storage(session: object, settings: Settings, org_id: str, spec: object) -> None:
     """Refuse (422 naming each field) a spec with a URI its organisation may not use, or a publish destination
     (a bucket, a Hub repo) it has no usable credentials for. Reads need none: without a secret they go anonymous."""
-    from api.problems import FieldError, InvalidRequest
+    from domain.errors import FieldError, InvalidRequest
 
     tenant = tenant_for(session, org_id)
     errors = []

@@ -22,14 +22,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.models import Organisation, UsageRecord, utcnow
-from api.problems import ProblemError
+from domain.errors import QuotaExceeded
 from api.settings import Settings
 
 COUNTERS = ("compute_seconds", "tokens_generated", "tokens_trained")
-
-
-class QuotaExceeded(ProblemError):
-    status, slug, title = 429, "quota-exceeded", "Monthly quota exceeded"
 
 
 def period_bounds(now: datetime | None = None) -> tuple[str, datetime, datetime]:
@@ -45,7 +41,7 @@ FIRST_PERIOD, LAST_PERIOD = "1970-01", "9999-11"
 
 
 def parse_period(period: str) -> tuple[str, datetime, datetime]:
-    from api.problems import FieldError, InvalidRequest
+    from domain.errors import FieldError, InvalidRequest
 
     try:
         when = datetime.strptime(period, "%Y-%m").replace(tzinfo=UTC)
@@ -92,7 +88,7 @@ def check_quota(session: Session, org: Organisation, settings: Settings, *, what
                 f"organisation {org.name!r} has used {used[name]:g} {name.replace('_', ' ')} in {period}, its "
                 f"monthly limit is {limit:g} ({name}); no new {what} until the month resets at "
                 f"{end.isoformat()} or the operator raises the limit",
-                headers={"Retry-After": str(retry_after)},
+                retry_after_seconds=retry_after,
                 extra={"limit": name, "limit_value": limit, "used": used[name], "period": period,
                        "resets_at": end.isoformat()},
             )

@@ -15,9 +15,14 @@ QUEUE_KINDS = ("gpu", "cpu")
 
 
 def _settings():
-    from api.cli import _settings as load
+    from pydantic import ValidationError
 
-    return load()
+    from api.settings import load_settings
+
+    try:
+        return load_settings()
+    except (ValidationError, ValueError) as exc:
+        raise click.ClickException(f"invalid settings: {exc}") from exc
 
 
 def _require_current_schema(settings) -> None:

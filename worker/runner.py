@@ -22,7 +22,7 @@ from enum import StrEnum
 
 from api import stage_runner as runner
 from api.models import Job
-from api.problems import InvalidTransition
+from domain.errors import InvalidTransition
 from api.queue import queue_for
 from api.states import TERMINAL_STATUSES, JobStatus
 from schemas.stages import Stage

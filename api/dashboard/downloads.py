@@ -32,7 +32,8 @@ from sqlalchemy import select
 from api.deps import ReadPrincipal, ServicesDep, SessionDep
 from api.jobs import get_job_for_org
 from api.models import ApiKey, Artifact
-from api.problems import NotFound, PayloadTooLarge
+from domain.errors import NotFound
+from api.problems import PayloadTooLarge
 from api.routes.job_data import artifact_response
 from api.settings import Settings
 

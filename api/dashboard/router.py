@@ -21,7 +21,7 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse, Response
 
 from api.dashboard.downloads import router as downloads_router
-from api.problems import NotFound
+from domain.errors import NotFound
 
 router = APIRouter(include_in_schema=False)
 router.include_router(downloads_router)

@@ -12,7 +12,8 @@ from api.audits import AuditList, AuditOut, audit_out, create_audit, get_audit_f
     organisation_thresholds, parse_audit_spec
 from api.deps import AdminPrincipal, ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
 from api.models import Organisation
-from api.problems import FieldError, InvalidRequest, problem_responses
+from domain.errors import FieldError, InvalidRequest
+from api.problems import problem_responses
 from schemas.audit import AuditSpec, AuditThresholds
 
 router = APIRouter(tags=["audits"])

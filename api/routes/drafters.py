@@ -9,7 +9,8 @@ from fastapi import APIRouter, Query
 
 from api.deps import ReadPrincipal, SessionDep
 from api.drafters import DrafterDetail, DrafterList, drafter_detail, drafters_out, list_drafters
-from api.problems import FieldError, InvalidRequest, problem_responses
+from domain.errors import FieldError, InvalidRequest
+from api.problems import problem_responses
 from schemas.job_spec import DRAFTER_ID_RE
 
 router = APIRouter(prefix="/v1/drafters", tags=["drafters"])

@@ -11,7 +11,8 @@ from sqlalchemy import select
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
 from api.models import PromptFile, new_id, utcnow
-from api.problems import FieldError, InvalidRequest, NotFound, PayloadTooLarge, problem_responses
+from domain.errors import FieldError, InvalidRequest, NotFound
+from api.problems import PayloadTooLarge, problem_responses
 from api.schemas import FileList, FileOut
 from schemas.prompts import validate_prompt_bytes
 

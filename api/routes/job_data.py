@@ -19,7 +19,8 @@ from api.event_feed import EventFeeds
 from api.events import events_after
 from api.jobs import get_job_for_org
 from api.models import Artifact, Job, JobEvent, MetricPoint
-from api.problems import FieldError, InvalidRequest, NotFound, problem_responses
+from domain.errors import FieldError, InvalidRequest, NotFound
+from api.problems import problem_responses
 from api.schemas import ArtifactList, ArtifactOut, EventList, EventOut, MetricPointOut, MetricsOut, MetricSeries
 from api.states import TERMINAL_STATUSES, JobStatus
 

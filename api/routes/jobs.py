@@ -20,7 +20,8 @@ from api.jobs import (
     resume_job,
     uploaded_prompt_count,
 )
-from api.problems import FieldError, InvalidRequest, problem_responses
+from domain.errors import FieldError, InvalidRequest
+from api.problems import problem_responses
 from api.schemas import EstimateOut, JobList, JobOut
 from api.storage_scope import check_spec_storage
 from schemas.bounds import TARGET_PARAMETERS_BILLION_RANGE

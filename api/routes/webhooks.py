@@ -10,7 +10,8 @@ from sqlalchemy import func, select
 from api.deps import AdminPrincipal, SessionDep, SettingsDep
 from api.jobs import lock_organisation
 from api.models import Webhook, WebhookAttempt, WebhookDelivery, utcnow
-from api.problems import FieldError, InvalidRequest, NotFound, problem_responses
+from domain.errors import FieldError, InvalidRequest, NotFound
+from api.problems import problem_responses
 from api.schemas import (
     WebhookAttemptOut,
     WebhookCreate,

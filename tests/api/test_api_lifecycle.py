@@ -8,7 +8,7 @@ import hashlib
 import pytest
 
 from api import stage_runner
-from api.problems import InvalidTransition
+from domain.errors import InvalidTransition
 from api.queue import RecordingQueue
 from api.states import STAGE_ORDER, TRANSITIONS, JobStatus, Stage
 
