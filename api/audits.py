@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
@@ -39,45 +38,6 @@ log = logging.getLogger("draftsmith.api")
 MAX_ATTEMPTS = 3
 AUDIT_ID_PREFIX = "aud_"
 
-
-class AuditError(BaseModel):
-    code: str
-    message: str
-
-
-class AuditOut(BaseModel):
-    id: str
-    object: Literal["audit"] = "audit"
-    status: Literal["queued", "running", "succeeded", "failed"]
-    drafter: str = Field(description="The drafter audited, as given (an id or a URI).")
-    drafter_id: str | None
-    target_uri: str
-    target_revision: str | None = Field(description="The exact checkpoint measured (a Hub commit, an S3 digest).")
-    recommendation: Literal["keep", "warm_start", "retrain"] | None
-    result: dict[str, Any] | None = Field(description="Compatibility, lossless checks, tau overall, per position "
-                                          "and per category, the reference tau and the recommendation's reasons.")
-    error: AuditError | None
-    spec: dict[str, Any] = Field(description="The audit as admitted, every default resolved.")
-    attempts: int
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-
-
-class AuditList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[AuditOut]
-    has_more: bool
-    next_cursor: str | None
-
-
-def audit_out(row: Audit) -> AuditOut:
-    return AuditOut(id=row.id, status=row.status, drafter=row.drafter_ref, drafter_id=row.drafter_id,  # type: ignore[arg-type]
-                    target_uri=row.target_uri, target_revision=row.target_revision,
-                    recommendation=row.recommendation, result=row.result,  # type: ignore[arg-type]
-                    error=AuditError(code=row.error_code, message=row.error_message or "") if row.error_code else None,
-                    spec=row.spec, attempts=row.attempts, created_at=row.created_at, started_at=row.started_at,
-                    finished_at=row.finished_at)
 
 
 def parse_audit_spec(raw: bytes, settings: Settings) -> AuditSpec:

@@ -18,10 +18,8 @@ another organisation's id answers 404, exactly like a missing one.
 from __future__ import annotations
 
 import re
-from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -31,59 +29,6 @@ from schemas.job_spec import DRAFTER_ID_RE, JobSpec
 
 MAX_CHAIN = 100
 SHAPE_FIELDS = {"variant": "drafter.variant", "num_layers": "drafter.num_layers", "block_size": "drafter.block_size"}
-
-
-class DrafterTarget(BaseModel):
-    uri: str
-    revision: str | None = Field(description="The exact version trained for: a Hub commit, an S3 digest.")
-    fingerprint: str = Field(description="Hash of the target's tokenizer and embedding.")
-
-
-class DrafterParent(BaseModel):
-    id: str | None = Field(description="The parent drafter's id, when it is one of your organisation's.")
-    ref: str = Field(description="init.from_drafter as the job gave it.")
-
-
-class DrafterOut(BaseModel):
-    id: str
-    object: Literal["drafter"] = "drafter"
-    job_id: str
-    name: str | None
-    created_at: datetime
-    target: DrafterTarget
-    parent: DrafterParent | None
-    variant: str
-    block_size: int
-    num_layers: int
-    tau: float | None = Field(description="Held-out tau at validation, bonus token counted.")
-    lossless: bool
-    config: dict[str, Any] = Field(description="The drafter's shape: hidden and vocabulary size, taps, mask token...")
-    metrics: dict[str, Any]
-    lineage: dict[str, Any] = Field(description="data snapshot, recipe, code and package versions")
-    manifest_sha256: str
-    artifacts_path: str = Field(description="GET this path for the drafter's files (safetensors, GGUF, card, report).")
-    publications: list[dict[str, Any]]
-
-
-class DrafterLink(BaseModel):
-    id: str
-    job_id: str
-    created_at: datetime
-    target_uri: str
-    target_revision: str | None
-    tau: float | None
-    parent_ref: str | None
-
-
-class DrafterDetail(DrafterOut):
-    chain: list[DrafterLink] = Field(description="This drafter, its parent, the parent's parent... oldest last.")
-
-
-class DrafterList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[DrafterOut]
-    has_more: bool
-    next_cursor: str | None
 
 
 def get_drafter_for_org(session: Session, org_id: str, drafter_id: str, *, field: str | None = None) -> Drafter:
@@ -151,32 +96,6 @@ def record_drafter(session: Session, job_id: str, *, target_revision: str | None
     return row
 
 
-def _publications(session: Session, job_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-    found: dict[str, list[dict[str, Any]]] = {job_id: [] for job_id in job_ids}
-    if job_ids:
-        for p in session.scalars(select(Publication).where(Publication.job_id.in_(job_ids))
-                                 .order_by(Publication.created_at)):
-            found[p.job_id].append({"kind": p.kind, "location": p.location, "revision": p.revision, "url": p.url})
-    return found
-
-
-def drafter_out(row: Drafter, publications: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "id": row.id, "job_id": row.job_id, "name": row.name, "created_at": row.created_at,
-        "target": {"uri": row.target_uri, "revision": row.target_revision, "fingerprint": row.target_fingerprint},
-        "parent": {"id": row.parent_id, "ref": row.parent_ref} if row.parent_ref else None,
-        "variant": row.variant, "block_size": row.block_size, "num_layers": row.num_layers, "tau": row.tau,
-        "lossless": row.lossless, "config": row.config, "metrics": row.metrics, "lineage": row.lineage,
-        "manifest_sha256": row.manifest_sha256, "artifacts_path": f"/v1/jobs/{row.job_id}/artifacts",
-        "publications": publications,
-    }
-
-
-def drafters_out(session: Session, rows: list[Drafter]) -> list[DrafterOut]:
-    publications = _publications(session, [row.job_id for row in rows])
-    return [DrafterOut.model_validate(drafter_out(row, publications[row.job_id])) for row in rows]
-
-
 def list_drafters(session: Session, org_id: str, *, limit: int, after: str | None,
                   target_fingerprint: str | None = None, target_uri: str | None = None,
                   job_id: str | None = None) -> tuple[list[Drafter], bool]:
@@ -194,18 +113,26 @@ def list_drafters(session: Session, org_id: str, *, limit: int, after: str | Non
     return rows[:limit], len(rows) > limit
 
 
-def drafter_detail(session: Session, org_id: str, drafter_id: str) -> DrafterDetail:
+def publications_by_job(session: Session, job_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Where each job's artifacts were published, oldest first (the drafter's `publications`)."""
+    found: dict[str, list[dict[str, Any]]] = {job_id: [] for job_id in job_ids}
+    if job_ids:
+        for p in session.scalars(select(Publication).where(Publication.job_id.in_(job_ids))
+                                 .order_by(Publication.created_at)):
+            found[p.job_id].append({"kind": p.kind, "location": p.location, "revision": p.revision, "url": p.url})
+    return found
+
+
+def drafter_chain(session: Session, org_id: str, drafter_id: str) -> tuple[Drafter, list[Drafter]]:
+    """The organisation's drafter and its chain: itself, its parent, the parent's parent... oldest last."""
     row = get_drafter_for_org(session, org_id, drafter_id)
     chain, current, seen = [], row, set()
     while current is not None and current.id not in seen and len(chain) < MAX_CHAIN:
         seen.add(current.id)
-        chain.append(DrafterLink(id=current.id, job_id=current.job_id, created_at=current.created_at,
-                                 target_uri=current.target_uri, target_revision=current.target_revision,
-                                 tau=current.tau, parent_ref=current.parent_ref))
+        chain.append(current)
         current = session.scalar(select(Drafter).where(Drafter.id == current.parent_id, Drafter.org_id == org_id)) \
             if current.parent_id else None
-    out = drafter_out(row, _publications(session, [row.job_id])[row.job_id])
-    return DrafterDetail.model_validate({**out, "chain": [link.model_dump() for link in chain]})
+    return row, chain
 
 
 def rollout_summary(session: Session, job: Job) -> dict[str, Any] | None:
@@ -228,5 +155,5 @@ def rollout_summary(session: Session, job: Job) -> dict[str, Any] | None:
         "recommended_block_size": metrics.get("recommended_block_size"),
         "serving": metrics.get("serving"),
         "manifest_sha256": row.manifest_sha256, "artifacts": artifacts,
-        "publications": _publications(session, [job.id])[job.id],
+        "publications": publications_by_job(session, [job.id])[job.id],
     }

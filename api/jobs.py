@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -25,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from api.drafters import check_warm_start
 from api.events import append_event
-from api.models import Job, JobLabel, Organisation, PromptFile, Publication, StageRun, new_id, utcnow
+from api.models import Job, JobLabel, Organisation, PromptFile, StageRun, new_id, utcnow
 from domain.errors import (
     FieldError,
     IdempotencyConflict,
@@ -38,7 +37,6 @@ from domain.errors import (
 )
 from api.queue import CeleryQueue, RecordingQueue
 from api.redaction import redact_text
-from api.schemas import JobError, JobOut, PublicationOut, StageRunOut
 from api.secrets import check_referenced_secrets
 from api.settings import Settings
 from api.states import ACTIVE_STATUSES, STAGE_ORDER, JobStatus, Stage, transition
@@ -301,50 +299,3 @@ def list_jobs(
         query = query.where(Job.id < after)  # ids are time-ordered: newest first, cursor = last id seen
     rows = list(session.scalars(query.order_by(Job.id.desc()).limit(limit + 1)))
     return rows[:limit], len(rows) > limit
-
-
-def jobs_to_out(session: Session, jobs: list[Job]) -> list[JobOut]:
-    """Build responses for many jobs with three extra queries in total (labels, stage runs, publications)."""
-    ids = [job.id for job in jobs]
-    labels: dict[str, dict[str, str]] = defaultdict(dict)
-    runs: dict[str, list[StageRun]] = defaultdict(list)
-    publications: dict[str, list[Publication]] = defaultdict(list)
-    if ids:
-        for label in session.scalars(select(JobLabel).where(JobLabel.job_id.in_(ids))):
-            labels[label.job_id][label.key] = label.value
-        for run in session.scalars(
-            select(StageRun).where(StageRun.job_id.in_(ids)).order_by(StageRun.started_at, StageRun.attempt)
-        ):
-            runs[run.job_id].append(run)
-        for publication in session.scalars(
-            select(Publication).where(Publication.job_id.in_(ids)).order_by(Publication.created_at)
-        ):
-            publications[publication.job_id].append(publication)
-    result = []
-    for job in jobs:
-        job_runs = runs[job.id]
-        current = next((r for r in reversed(job_runs) if r.stage == job.stage), None)
-        result.append(
-            JobOut(
-                id=job.id,
-                status=job.status,  # type: ignore[arg-type]
-                stage=job.stage,
-                stage_progress=current.progress if current else None,
-                name=job.name,
-                labels=dict(sorted(labels[job.id].items())),
-                spec=load_stored_spec(job.spec),
-                error=JobError(code=job.error_code, message=job.error_message or "", stage=job.error_stage)
-                if job.error_code
-                else None,
-                cancel_requested=job.cancel_requested_at is not None,
-                resume_count=job.resume_count,
-                run_attempts=job.run_attempts,
-                created_at=job.created_at,
-                updated_at=job.updated_at,
-                started_at=job.started_at,
-                finished_at=job.finished_at,
-                stages=[StageRunOut.model_validate(run, from_attributes=True) for run in job_runs],
-                publications=[PublicationOut.model_validate(p, from_attributes=True) for p in publications[job.id]],
-            )
-        )
-    return result

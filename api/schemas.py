@@ -262,3 +262,87 @@ class ReadinessOut(BaseModel):
     status: Literal["ready"]
     checks: dict[str, str]
     capacity: CapacityOut | None = None
+
+
+class DrafterTarget(BaseModel):
+    uri: str
+    revision: str | None = Field(description="The exact version trained for: a Hub commit, an S3 digest.")
+    fingerprint: str = Field(description="Hash of the target's tokenizer and embedding.")
+
+
+class DrafterParent(BaseModel):
+    id: str | None = Field(description="The parent drafter's id, when it is one of your organisation's.")
+    ref: str = Field(description="init.from_drafter as the job gave it.")
+
+
+class DrafterOut(BaseModel):
+    id: str
+    object: Literal["drafter"] = "drafter"
+    job_id: str
+    name: str | None
+    created_at: datetime
+    target: DrafterTarget
+    parent: DrafterParent | None
+    variant: str
+    block_size: int
+    num_layers: int
+    tau: float | None = Field(description="Held-out tau at validation, bonus token counted.")
+    lossless: bool
+    config: dict[str, Any] = Field(description="The drafter's shape: hidden and vocabulary size, taps, mask token...")
+    metrics: dict[str, Any]
+    lineage: dict[str, Any] = Field(description="data snapshot, recipe, code and package versions")
+    manifest_sha256: str
+    artifacts_path: str = Field(description="GET this path for the drafter's files (safetensors, GGUF, card, report).")
+    publications: list[dict[str, Any]]
+
+
+class DrafterLink(BaseModel):
+    id: str
+    job_id: str
+    created_at: datetime
+    target_uri: str
+    target_revision: str | None
+    tau: float | None
+    parent_ref: str | None
+
+
+class DrafterDetail(DrafterOut):
+    chain: list[DrafterLink] = Field(description="This drafter, its parent, the parent's parent... oldest last.")
+
+
+class DrafterList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[DrafterOut]
+    has_more: bool
+    next_cursor: str | None
+
+
+class AuditError(BaseModel):
+    code: str
+    message: str
+
+
+class AuditOut(BaseModel):
+    id: str
+    object: Literal["audit"] = "audit"
+    status: Literal["queued", "running", "succeeded", "failed"]
+    drafter: str = Field(description="The drafter audited, as given (an id or a URI).")
+    drafter_id: str | None
+    target_uri: str
+    target_revision: str | None = Field(description="The exact checkpoint measured (a Hub commit, an S3 digest).")
+    recommendation: Literal["keep", "warm_start", "retrain"] | None
+    result: dict[str, Any] | None = Field(description="Compatibility, lossless checks, tau overall, per position "
+                                          "and per category, the reference tau and the recommendation's reasons.")
+    error: AuditError | None
+    spec: dict[str, Any] = Field(description="The audit as admitted, every default resolved.")
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class AuditList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[AuditOut]
+    has_more: bool
+    next_cursor: str | None

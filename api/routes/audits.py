@@ -8,12 +8,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from api.audits import AuditList, AuditOut, audit_out, create_audit, get_audit_for_org, list_audits, \
-    organisation_thresholds, parse_audit_spec
+from api.audits import create_audit, get_audit_for_org, list_audits, organisation_thresholds, parse_audit_spec
 from api.deps import AdminPrincipal, ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
 from api.models import Organisation
 from domain.errors import FieldError, InvalidRequest
 from api.problems import problem_responses
+from api.schemas import AuditList, AuditOut
+from api.views import audit_out
 from schemas.audit import AuditSpec, AuditThresholds
 
 router = APIRouter(tags=["audits"])

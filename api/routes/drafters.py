@@ -8,9 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import ReadPrincipal, SessionDep
-from api.drafters import DrafterDetail, DrafterList, drafter_detail, drafters_out, list_drafters
+from api.drafters import list_drafters
 from domain.errors import FieldError, InvalidRequest
 from api.problems import problem_responses
+from api.schemas import DrafterDetail, DrafterList
+from api.views import drafter_detail, drafters_out
 from schemas.job_spec import DRAFTER_ID_RE
 
 router = APIRouter(prefix="/v1/drafters", tags=["drafters"])

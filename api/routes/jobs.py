@@ -14,7 +14,6 @@ from api.jobs import (
     cancel_job,
     create_job,
     get_job_for_org,
-    jobs_to_out,
     list_jobs,
     parse_job_spec,
     resume_job,
@@ -24,6 +23,7 @@ from domain.errors import FieldError, InvalidRequest
 from api.problems import problem_responses
 from api.schemas import EstimateOut, JobList, JobOut
 from api.storage_scope import check_spec_storage
+from api.views import jobs_to_out
 from schemas.bounds import TARGET_PARAMETERS_BILLION_RANGE
 from schemas.job_spec import JobSpec
 
