@@ -24,17 +24,13 @@ def api(host: str, port: int, workers: int, reload: bool) -> None:
     """Serve the REST API (run `draftsmith db upgrade` first)."""
     import uvicorn
 
-    from api.db import current_revision, head_revision
+    from migrations.revisions import SchemaNotReady, require_current_schema
 
     settings = _settings()
     try:
-        current = current_revision(settings.database_url)
-    except Exception as exc:
-        raise click.ClickException(f"cannot reach the database {settings.database_url}: {exc}") from exc
-    if current != head_revision():
-        raise click.ClickException(
-            f"database schema is at {current or 'nothing'}, code expects {head_revision()}: run `draftsmith db upgrade`"
-        )
+        require_current_schema(settings.database_url)
+    except SchemaNotReady as exc:
+        raise click.ClickException(str(exc)) from exc
     uvicorn.run("api.main:app", host=host, port=port, workers=workers, reload=reload, proxy_headers=True)
 
 
@@ -48,7 +44,7 @@ def db() -> None:
 @click.option("--database-url", default=None, help="Overrides DRAFTSMITH_DATABASE_URL.")
 def upgrade(revision: str, database_url: str | None) -> None:
     """Migrate the database schema up to REVISION."""
-    from api.db import current_revision, upgrade as run_upgrade
+    from migrations.revisions import current_revision, upgrade as run_upgrade
 
     settings = _settings(database_url=database_url)
     run_upgrade(settings.database_url, revision)
@@ -60,7 +56,7 @@ def upgrade(revision: str, database_url: str | None) -> None:
 @click.option("--database-url", default=None, help="Overrides DRAFTSMITH_DATABASE_URL.")
 def downgrade(revision: str, database_url: str | None) -> None:
     """Migrate the database schema down to REVISION."""
-    from api.db import current_revision, downgrade as run_downgrade
+    from migrations.revisions import current_revision, downgrade as run_downgrade
 
     settings = _settings(database_url=database_url)
     run_downgrade(settings.database_url, revision)
@@ -71,7 +67,7 @@ def downgrade(revision: str, database_url: str | None) -> None:
 @click.option("--database-url", default=None, help="Overrides DRAFTSMITH_DATABASE_URL.")
 def current(database_url: str | None) -> None:
     """Show the database's schema revision and the code's."""
-    from api.db import current_revision, head_revision
+    from migrations.revisions import current_revision, head_revision
 
     settings = _settings(database_url=database_url)
     click.echo(f"database: {current_revision(settings.database_url) or 'empty'}; code: {head_revision()}")

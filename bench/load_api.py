@@ -294,7 +294,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (draftsmith api --workers).")
     args = parser.parse_args()
 
-    from api.db import upgrade
+    from migrations.revisions import upgrade
     from api.settings import Settings
 
     drop = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from api.db import normalize_database_url
+from domain.database_url import normalize_database_url
 from api.models import Base
 
 config = context.config

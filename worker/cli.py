@@ -26,15 +26,12 @@ def _settings():
 
 
 def _require_current_schema(settings) -> None:
-    from api.db import current_revision, head_revision
+    from migrations.revisions import SchemaNotReady, require_current_schema
 
     try:
-        current = current_revision(settings.database_url)
-    except Exception as exc:
-        raise click.ClickException(f"cannot reach the database {settings.database_url}: {exc}") from exc
-    if current != head_revision():
-        raise click.ClickException(f"database schema is at {current or 'nothing'}, code expects {head_revision()}: "
-                                   "run `draftsmith db upgrade`")
+        require_current_schema(settings.database_url)
+    except SchemaNotReady as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @click.command()
@@ -115,7 +112,7 @@ def serve(host: str, port: int, data_dir: Path) -> None:
     """The whole service on this machine: the API and one worker, no servers to install."""
     env = embedded_environment(data_dir.resolve())
     os.environ.update(env)
-    from api.db import upgrade
+    from migrations.revisions import upgrade
 
     settings = _settings()
     upgrade(settings.database_url)

@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # api_harness and fake_stage_runner live next to the tests
 
-from api.db import upgrade  # noqa: E402
+from migrations.revisions import upgrade  # noqa: E402
 from api_harness import Harness, build_harness, make_settings  # noqa: E402
 from services import fresh_postgres_database  # noqa: E402 - tests/services.py
 

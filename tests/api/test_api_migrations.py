@@ -9,8 +9,8 @@ from alembic.runtime.migration import MigrationContext
 from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, pool
 
-from api.db import normalize_database_url
-from api.db import current_revision, downgrade, head_revision, upgrade
+from domain.database_url import normalize_database_url
+from migrations.revisions import current_revision, downgrade, head_revision, upgrade
 from api.models import Base
 
 

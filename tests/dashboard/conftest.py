@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # dashboard_live_server, dashboa
 sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # api_harness.make_settings: the API tests' settings
 
 from api.auth import create_api_key  # noqa: E402
-from api.db import upgrade  # noqa: E402
+from migrations.revisions import upgrade  # noqa: E402
 from api.deps import Services, services_for  # noqa: E402
 from api.main import create_app  # noqa: E402
 from api_harness import make_settings  # noqa: E402

@@ -50,7 +50,7 @@ def test_the_control_plane_imports_and_serves_without_the_worker_packages(tmp_pa
         from fastapi.testclient import TestClient
         from click.testing import CliRunner
         import api.main, api.cli, draftsmith.cli, draftsmith.submit
-        from api.db import head_revision, upgrade
+        from migrations.revisions import head_revision, upgrade
         from api.settings import load_settings
 
         url = "sqlite:///{tmp_path}/api.db"

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from api.db import upgrade
+from migrations.revisions import upgrade
 
 
 def health(env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:

@@ -32,7 +32,7 @@ def models(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def service(tmp_path_factory, models) -> Iterator[Service]:
-    from api.db import upgrade
+    from migrations.revisions import upgrade
 
     root = tmp_path_factory.mktemp("service")
     database_url, drop_database = fresh_postgres_database("draftsmith_worker_test")

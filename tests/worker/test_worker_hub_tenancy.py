@@ -55,7 +55,7 @@ def hub() -> Iterator[HubStandIn]:
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory, hub) -> Iterator[Harness]:
-    from api.db import upgrade
+    from migrations.revisions import upgrade
 
     url, drop = fresh_postgres_database("draftsmith_worker_hub_tenancy")
     upgrade(url)

@@ -34,7 +34,7 @@ MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory) -> Iterator[Harness]:
-    from api.db import upgrade
+    from migrations.revisions import upgrade
 
     url, drop = fresh_postgres_database("draftsmith_worker_tenancy")
     upgrade(url)
