@@ -25,6 +25,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from schemas.compute import DEVICE_SETTINGS, check_device_setting
 from schemas.stages import GenerateBackend
 
 DEFAULT_SECRET_KEY = "insecure-development-secret-key-change-me"
@@ -177,6 +178,11 @@ class Settings(BaseSettings):
         "or vllm (vLLM installed beside the worker, as bench/setup/vllm_cpu.sh does; the target then captures the "
         "hidden states in one teacher-forced pass)."
     )
+    worker_device: str = Field(
+        default="auto", description=f"What this worker's stages run the target on: {DEVICE_SETTINGS}. A job's "
+        "compute.device, when not auto, must agree with it (a job asking cuda of a worker set to cpu fails naming "
+        "`device`); schemas/compute.py.",
+    )
     worker_max_retries: int = Field(
         default=3, ge=0, le=20, description="Retries of a stage after an infrastructure error (database, broker, "
         "storage unreachable)."
@@ -220,6 +226,11 @@ class Settings(BaseSettings):
         if not (value.startswith("file:///") or value.startswith("s3://")):
             raise ValueError("storage_url must be file:///absolute/dir or s3://bucket/prefix")
         return value
+
+    @field_validator("worker_device")
+    @classmethod
+    def _device_setting(cls, value: str) -> str:
+        return check_device_setting(value, "DRAFTSMITH_WORKER_DEVICE")
 
     @model_validator(mode="after")
     def _heartbeat_below_staleness(self) -> Settings:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto",
+                        help="Where the target runs: auto (a GPU if any, else the CPU), cpu, cuda or cuda:N.")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--drafter", type=Path, required=True)
     parser.add_argument("--data", type=Path, required=True, help="The regenerated data the drafter was trained on "
@@ -44,12 +46,14 @@ def main() -> None:
     from trainer.drafter.checkpoint import load_drafter
     from trainer.drafter.draft_vocab import coverage, frequency_ranked_vocab
     from trainer.speculative import SpeculativeDecoder
+    from trainer.device import resolve_device
     from trainer.targets import load_target
     from trainer.targets.bundled import resolve_target_path
     from trainer.validation.replay import load_references, replay_acceptance
     from trainer.validation.report import measure_step_costs
 
-    target = load_target(resolve_target_path(args.target))
+    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
+    target = load_target(resolve_target_path(args.target), device=plan.device, dtype=plan.dtype)
     drafter = load_drafter(args.drafter)
     block = drafter.config.block_size
     responses = [e.input_ids[e.prompt_len:] for e in DataStore.open(args.data).examples(with_hidden=False,

@@ -31,6 +31,8 @@ def batched(items: list, size: int) -> list[list]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto",
+                        help="Where the target runs: auto (a GPU if any, else the CPU), cpu, cuda or cuda:N.")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--prompts", type=int, default=32, help="Built-in prompts drawn (trainer.data.prompts).")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -51,11 +53,13 @@ def main() -> None:
     from trainer.data.regenerate import TEACHER_TOP_K, generate_batch, tokenize_prompts
     from trainer.data.vllm_backend import VllmResponses
     from trainer.drafter.config import default_target_layer_ids
+    from trainer.device import resolve_device
     from trainer.targets import load_target
     from trainer.targets.bundled import resolve_target_path
 
     load_before = os.getloadavg()
-    target = load_target(resolve_target_path(args.target))
+    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
+    target = load_target(resolve_target_path(args.target), device=plan.device, dtype=plan.dtype)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, seed=args.seed)
     taps = default_target_layer_ids(target.num_layers, recipe.NUM_LAYERS)
     prompt_ids = sorted(tokenize_prompts(target, draw_prompts("builtin", args.prompts, args.seed), params), key=len)

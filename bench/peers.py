@@ -254,6 +254,8 @@ def main() -> None:
     from schemas import recipe
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto",
+                        help="Where the target runs: auto (a GPU if any, else the CPU), cpu, cuda or cuda:N.")
     parser.add_argument("--target", default="smollm2-135m", help="Bundled name or an HF directory.")
     parser.add_argument("--data", type=Path, help="A regenerated data set (draftsmith generate / OUT/.work/data).")
     parser.add_argument("--work", type=Path, default=Path("/tmp/draftsmith-peers"))
@@ -292,6 +294,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from trainer.data.store import DataStore
+    from trainer.device import resolve_device
     from trainer.targets import load_target
     from trainer.targets.bundled import resolve_target_path
     from trainer.targets.chat import choose_mask_token_id
@@ -300,7 +303,8 @@ def main() -> None:
     args.specforge_set = {k: json.loads(v) for k, v in (item.split("=", 1)
                                                         for item in filter(None, args.specforge_set.split(";")))}
     args.target_dir = resolve_target_path(args.target)
-    target = load_target(args.target_dir)
+    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
+    target = load_target(args.target_dir, device=plan.device, dtype=plan.dtype)
     store = DataStore.open(args.data)
     heldout_prompts(store.meta["prompt_ids"])  # before any row trains
     args.mask_token_id, _ = choose_mask_token_id(target.tokenizer, target.vocab_size)

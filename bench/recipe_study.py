@@ -170,6 +170,8 @@ def print_table(work: Path, baseline: str = "baseline") -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto",
+                        help="Where the target runs: auto (a GPU if any, else the CPU), cpu, cuda or cuda:N.")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--data", type=Path, help="A regenerated data set with a teacher signal and every tap.")
     parser.add_argument("--work", type=Path, default=Path("/tmp/draftsmith-study"))
@@ -194,13 +196,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from schemas import recipe
     from trainer.data.store import DataStore
+    from trainer.device import resolve_device
     from trainer.targets import load_target
     from trainer.targets.bundled import resolve_target_path
     from trainer.targets.chat import choose_mask_token_id
 
     args.steps = args.steps or recipe.TRAIN_STEPS
     args.block_size = args.block_size or recipe.BLOCK_SIZE
-    target = load_target(resolve_target_path(args.target))
+    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
+    target = load_target(resolve_target_path(args.target), device=plan.device, dtype=plan.dtype)
     store = DataStore.open(args.data)
     heldout_prompts(store.meta["prompt_ids"])  # before any row trains
 

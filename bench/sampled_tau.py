@@ -38,6 +38,8 @@ def sampled_tau(target, drafter, prompts, temperature: float = 1.0, max_new_toke
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto",
+                        help="Where the target runs: auto (a GPU if any, else the CPU), cpu, cuda or cuda:N.")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--drafter", type=Path, action="append", required=True)
     parser.add_argument("--prompts", type=int, default=24, help="Held-out prompts of the built-in set.")
@@ -52,11 +54,13 @@ def main() -> None:
     from schemas import recipe
     from trainer.data.prompts import load_prompts, split_prompts
     from trainer.drafter.checkpoint import load_drafter
+    from trainer.device import resolve_device
     from trainer.targets import load_target
     from trainer.targets.bundled import resolve_target_path
     from trainer.validation.replay import bootstrap_interval
 
-    target = load_target(resolve_target_path(args.target))
+    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
+    target = load_target(resolve_target_path(args.target), device=plan.device, dtype=plan.dtype)
     _, holdout = split_prompts(load_prompts(), recipe.HOLDOUT_SHARE)
     first = None
     for path in args.drafter:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto",
+                        help="Where the target runs: auto (a GPU if any, else the CPU), cpu, cuda or cuda:N.")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--drafter", type=Path, required=True)
     parser.add_argument("--seeds", type=int, default=3)
@@ -34,12 +36,14 @@ def main() -> None:
     from trainer.data.prompts import load_prompts, split_prompts
     from trainer.drafter.checkpoint import load_drafter
     from trainer.speculative import SpeculativeDecoder
+    from trainer.device import resolve_device
     from trainer.targets import load_target
     from trainer.targets.bundled import resolve_target_path
     from trainer.targets.chat import render_prompt
     from trainer.validation.sampling_test import sampling_lossless_test
 
-    target = load_target(resolve_target_path(args.target))
+    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
+    target = load_target(resolve_target_path(args.target), device=plan.device, dtype=plan.dtype)
     drafter = load_drafter(args.drafter)
     decoder = SpeculativeDecoder(target, drafter, block_size=args.block_size)
     _, holdout = split_prompts(load_prompts(), recipe.HOLDOUT_SHARE)

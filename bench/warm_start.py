@@ -213,6 +213,8 @@ def held_out_tau(target, drafter_dir: Path, refs, baseline=None) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto",
+                        help="Where the target runs: auto (a GPU if any, else the CPU), cpu, cuda or cuda:N.")
     parser.add_argument("--work", type=Path, default=Path("/tmp/warm-bench"))
     parser.add_argument("--phase", choices=["prep", "curves", "all"], default="all")
     parser.add_argument("--base-data", type=Path, default=Path("/tmp/study/data"),
@@ -243,8 +245,11 @@ def main() -> None:
     import torch
 
     from trainer.data.regenerate import regenerate
+    from trainer.device import resolve_device
     from trainer.targets import load_target
     from trainer.targets.bundled import resolve_target_path
+
+    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
 
     torch.set_num_threads(2)
     base_dir = resolve_target_path("smollm2-135m")
@@ -263,7 +268,7 @@ def main() -> None:
                                         log=log)
         log(f"fine-tune: {results['finetune']}")
         save()
-        base = load_target(base_dir)
+        base = load_target(base_dir, device=plan.device, dtype=plan.dtype)
         if args.base_drafter and not (work / "base-drafter" / "run.json").is_file():
             shutil.copytree(args.base_drafter, work / "base-drafter" / "drafter", dirs_exist_ok=True)
             metrics = args.base_drafter.parent / "metrics.jsonl"
@@ -277,8 +282,9 @@ def main() -> None:
         save()
         base_refs = references(base, held_out, work / "refs-base")
         del base
-        tuned = load_target(tuned_dir)
-        results["fingerprints"] = {"base": load_target(base_dir).fingerprint, "finetuned": tuned.fingerprint}
+        tuned = load_target(tuned_dir, device=plan.device, dtype=plan.dtype)
+        results["fingerprints"] = {"base": load_target(base_dir, device=plan.device, dtype=plan.dtype).fingerprint,
+                                   "finetuned": tuned.fingerprint}
         if not (tuned_data / "COMPLETE").is_file():
             started, cpu0, load0 = time.perf_counter(), cpu_seconds(), load()
             summary = regenerate(tuned, train_prompts, SamplingParams(max_new_tokens=128), tuned_data,
@@ -288,7 +294,7 @@ def main() -> None:
             save()
             log(f"regenerated: {results['finetuned_data']}")
         tuned_refs = references(tuned, held_out, work / "refs-finetuned")
-        base_target = load_target(base_dir)
+        base_target = load_target(base_dir, device=plan.device, dtype=plan.dtype)
         results["base_drafter_on_base"] = held_out_tau(base_target, work / "base-drafter" / "drafter", base_refs)
         results["base_drafter_on_finetuned"] = held_out_tau(tuned, work / "base-drafter" / "drafter", tuned_refs)
         changed = sum(a.tokens != b.tokens for a, b in zip(base_refs, tuned_refs, strict=True))
@@ -298,7 +304,7 @@ def main() -> None:
         save()
 
     if args.phase in ("curves", "all"):
-        tuned = load_target(tuned_dir)
+        tuned = load_target(tuned_dir, device=plan.device, dtype=plan.dtype)
         tuned_refs = references(tuned, held_out, work / "refs-finetuned")
         curves = results.setdefault("curves", {})
         parent = work / "base-drafter" / "drafter"

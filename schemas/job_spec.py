@@ -31,6 +31,7 @@ from pydantic import (
 
 from schemas import recipe
 from schemas.bounds import INT32_MAX, SingleLineText, check_text, resolved_path_within_roots
+from schemas.compute import DEVICE_AUTO, DEVICE_SETTINGS, DTYPE_SETTINGS, Dtype, check_device_setting
 from schemas.prompts import BUILTIN_PROMPT_COUNT, MAX_PROMPTS_PER_JOB
 from schemas.sampling import SamplingParams
 
@@ -277,6 +278,23 @@ class ValidationSpec(StrictModel):
                                 description="Draws of the speculative-sampling test.")
 
 
+class ComputeSpec(StrictModel):
+    """Where the target runs for every stage of the job (schemas/compute.py: how this and the worker's own
+    DRAFTSMITH_WORKER_DEVICE combine)."""
+
+    device: str = Field(
+        default=DEVICE_AUTO, max_length=16,
+        description=f"What the job needs: {DEVICE_SETTINGS}. `auto` runs on whatever the worker has; a job asking "
+        "for cuda on a CPU-only worker fails with an error naming `device`.",
+    )
+    dtype: Dtype = Field(default="auto", description=f"The target's precision: {DTYPE_SETTINGS}.")
+
+    @field_validator("device")
+    @classmethod
+    def _valid_device(cls, value: str) -> str:
+        return check_device_setting(value, "compute.device")
+
+
 def check_drafter_ref(value: str, allowed_file_roots: list[str] | None) -> str:
     """A drafter reference: a published drafter's id `drf_...`, or the URI of a drafter directory (or of an exported
     artifact folder holding drafter/): hf://org/name[@revision], s3://bucket/prefix, file:///path."""
@@ -362,6 +380,7 @@ class JobSpec(StrictModel):
     data: DataSpec = Field(default_factory=DataSpec)
     training: TrainingBudget = Field(default_factory=TrainingBudget)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
+    compute: ComputeSpec = Field(default_factory=ComputeSpec)
     init: InitSpec | None = Field(
         default=None, description="Warm start: begin from an earlier drafter's weights instead of a random start "
         "(usually with a smaller training.max_steps). Null: train from scratch.")
@@ -390,4 +409,7 @@ class JobSpec(StrictModel):
 
     def canonical_json(self) -> str:
         """Stable serialisation: two requests mean the same job iff these strings are equal."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        if self.compute == ComputeSpec():  # added later: a default section keeps the hash jobs were stored with
+            del data["compute"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -4,7 +4,10 @@ validation's shape changes every figure that describes it.
 
 Validation (report.py's docstring) decodes each validation prompt once with the target alone, in batches (the
 references, also replayed for the acceptance), then a timed subset twice at batch 1 (target alone, then
-speculatively), then the sampling test's draws (SAMPLED_TOKENS_PER_DRAW tokens each). Pure arithmetic: no torch.
+speculatively), then the sampling test's draws (SAMPLED_TOKENS_PER_DRAW tokens each). On a GPU the greedy check
+covers every prompt: the rest are decoded speculatively and against the check's reference too (a bfloat16 target's
+reference is a decode of its own at verify shapes, a third batch-1 decode of the timed prompts; report.py's
+docstring). Pure arithmetic: no torch.
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ def timed_prompt_count(prompts: int) -> int:
     return min(prompts, max(TIMED_MIN, math.ceil(prompts * TIMED_SHARE)))
 
 
+def gated_prompt_count(prompts: int, *, every_prompt: bool = False) -> int:
+    """Validation prompts whose speculative output the greedy check compares token for token: the timed subset, or
+    every prompt (on a GPU)."""
+    return prompts if every_prompt else timed_prompt_count(prompts)
+
+
 @dataclass(frozen=True)
 class ValidationTokens:
     """Tokens validation decodes, split by how they are decoded (upper bounds: every answer to max_new_tokens)."""
@@ -35,7 +44,8 @@ class ValidationTokens:
     batched: int
     """The references: every prompt once, REFERENCE_BATCH at a time."""
     batch_one: int
-    """The timed subset, twice (target alone and speculative), at batch 1."""
+    """The greedy check's prompts, twice (speculative and its reference), at batch 1; plus the timed subset alone
+    when the reference is not the plain decode (bfloat16)."""
     sampled: int
     """The sampling test's draws."""
 
@@ -44,7 +54,12 @@ class ValidationTokens:
         return self.batched + self.batch_one + self.sampled
 
 
-def validation_tokens(prompts: int, max_new_tokens: int, sampling_draws: int) -> ValidationTokens:
+def validation_tokens(prompts: int, max_new_tokens: int, sampling_draws: int, *, every_prompt: bool = False,
+                      shaped_reference: bool = False) -> ValidationTokens:
+    """`every_prompt`: the greedy check covers every prompt (a GPU); `shaped_reference`: its reference is a decode of
+    its own (bfloat16), not the timed decode of the target alone. The defaults are a CPU's float32 run."""
+    decodes = 2 * gated_prompt_count(prompts, every_prompt=every_prompt) + (timed_prompt_count(prompts)
+                                                                           if shaped_reference else 0)
     return ValidationTokens(batched=prompts * max_new_tokens,
-                            batch_one=2 * timed_prompt_count(prompts) * max_new_tokens,
+                            batch_one=decodes * max_new_tokens,
                             sampled=sampling_draws * SAMPLED_TOKENS_PER_DRAW)

@@ -40,6 +40,7 @@ from trainer.data.prompts import Prompt
 from trainer.drafter.checkpoint import load_drafter
 from trainer.drafter.model import Drafter
 from trainer.errors import DraftsmithError
+from trainer.sampling import seeded_generator
 from trainer.targets.loading import Target
 from trainer.training.init import IncompatibleDrafter
 
@@ -122,7 +123,7 @@ def recommend(tau: float, reference_tau: float | None, *, lossless: bool, same_f
 def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt], params: SamplingParams, *,
                   max_new_tokens: int, sampling_draws: int, reference_tau: float | None = None,
                   thresholds: AuditThresholds = AuditThresholds(),
-                  on_progress: Callable[[int, int, str], None] | None = None) -> dict:
+                  on_progress: Callable[[int, int, str], None] | None = None, device_plan=None) -> dict:
     """Measure the drafter at `drafter_path` against `target` on `prompts`; see the module docstring.
     `reference_tau`: its tau on its own target; None reads the report.json beside it, if any.
     Raises IncompatibleDrafter (naming the mismatch) when it cannot run against this target at all."""
@@ -142,7 +143,7 @@ def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt
     if not prompts:
         raise DraftsmithError("the audit has no prompts to measure on; give a prompts source with a hold-out")
     report = validate(target, drafter, prompts, params, max_new_tokens=max_new_tokens,
-                      sampling_draws=sampling_draws, on_progress=on_progress)
+                      sampling_draws=sampling_draws, on_progress=on_progress, device_plan=device_plan)
     same = fits["fingerprint"]["same"]
     return {
         "compatible": True,
@@ -163,7 +164,11 @@ def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt
         "sampling_parameters": params.model_dump(mode="json"),
         "validation_max_new_tokens": max_new_tokens,
         "target_fingerprint": target.fingerprint,
-        "tokens_generated": validation_tokens(len(prompts), max_new_tokens, sampling_draws).total,
+        "device": report["device"],
+        "greedy_gate": report["greedy_gate"],
+        "tokens_generated": validation_tokens(len(prompts), max_new_tokens, sampling_draws,
+                                              every_prompt=report["greedy_gate"]["every_prompt"],
+                                              shaped_reference=report["greedy_gate"]["verify_width"] > 1).total,
         "minutes": round((time.perf_counter() - started) / 60, 2),
     }
 
@@ -187,7 +192,7 @@ def measure_tau(target: Target, drafter: Drafter, prompts: list[Prompt], params:
         serving = params.model_copy(update={"max_new_tokens": max_new_tokens})
         for index, prompt in enumerate(prompts):
             ids = render_prompt(target.tokenizer, list(prompt.messages), params.chat_template)
-            got = decoder.generate(ids, serving, generator=torch.Generator().manual_seed(params.seed + index))
+            got = decoder.generate(ids, serving, generator=seeded_generator(params.seed + index, target.device))
             stats.add(prompt.category, got.tokens, got.cycles)
     return {"tau": round(stats.overall.tau, 4),
             "tau_per_position": [None if a is None else round(a, 4) for a in stats.overall.per_position],
@@ -217,17 +222,21 @@ def audit_prompts(source: str, spec: AuditSpec) -> list[Prompt]:
 
 
 def run_audit(spec: AuditSpec, *, target: str, drafter: str, prompts: str = "builtin",
-              on_progress: Callable[[int, int, str], None] | None = None) -> dict:
+              on_progress: Callable[[int, int, str], None] | None = None, device: str = "auto",
+              dtype: str = "auto") -> dict:
     """An audit from end to end, as `draftsmith audit` runs it here and the worker runs it for the service.
     `spec` is resolved (schemas.audit.resolved); `target`, `drafter`, `prompts` are local paths (or a bundled
-    target name / `builtin`) the caller fetched from the spec's URIs."""
+    target name / `builtin`) the caller fetched from the spec's URIs. `device`, `dtype`: where the target runs
+    (schemas/compute.py; the worker passes its DRAFTSMITH_WORKER_DEVICE), decided by trainer/device.py."""
+    from trainer.device import resolve_device
     from trainer.targets import load_target
     from trainer.targets.bundled import resolve_target_path
 
     assert spec.sampling is not None and spec.validation is not None and spec.thresholds is not None
     chosen = audit_prompts(prompts, spec)  # a bad prompts file fails before the target is loaded
-    loaded = load_target(resolve_target_path(target), allow_pickle=spec.target.allow_pickle,
-                         trust_remote_code=spec.target.trust_remote_code)
+    plan = resolve_device(device, dtype)
+    loaded = load_target(resolve_target_path(target), device=plan.device, dtype=plan.dtype,
+                         allow_pickle=spec.target.allow_pickle, trust_remote_code=spec.target.trust_remote_code)
     return audit_drafter(loaded, drafter, chosen, spec.sampling, max_new_tokens=spec.validation.max_new_tokens,
                          sampling_draws=spec.validation.sampling_draws, reference_tau=spec.reference_tau,
-                         thresholds=spec.thresholds, on_progress=on_progress)
+                         thresholds=spec.thresholds, on_progress=on_progress, device_plan=plan)

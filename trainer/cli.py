@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from schemas import recipe
+from schemas.compute import DEVICE_SETTINGS, DTYPES, check_device_setting
 from schemas.stages import GENERATE_BACKENDS
 from trainer.errors import DraftsmithError
 from trainer.validation import SAMPLING_DRAWS, VALIDATION_MAX_NEW_TOKENS, VALIDATION_PROMPTS
@@ -28,6 +29,37 @@ def user_errors(command):
             sys.exit(2)
 
     return wrapper
+
+
+def _device_setting(_context, _parameter, value):
+    if value is None:
+        return value
+    try:
+        return check_device_setting(value, "--device")
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+
+
+def device_options(command=None, *, default: str | None = "auto"):
+    """--device and --dtype: where the target runs (schemas/compute.py; trainer/device.py decides). `draftsmith run`
+    passes default None, so an untyped flag leaves a --spec's compute section as it is."""
+
+    def decorate(command):
+        command = click.option("--dtype", type=click.Choice(DTYPES), default=default, show_default=bool(default),
+                               help="auto: bfloat16 on a GPU, float32 on the CPU; float32 everywhere.")(command)
+        return click.option("--device", default=default, show_default=bool(default), callback=_device_setting,
+                            help=f"Where the target runs: {DEVICE_SETTINGS}.")(command)
+
+    return decorate(command) if command is not None else decorate
+
+
+def load_target_on(path, device: str, dtype: str, **options):
+    """A target directory loaded on the device `--device`/`--dtype` resolve to (trainer/device.py)."""
+    from trainer.device import resolve_device
+    from trainer.targets import load_target
+
+    plan = resolve_device(device, dtype)
+    return load_target(path, device=plan.device, dtype=plan.dtype, **options)
 
 
 @click.group()
@@ -49,13 +81,13 @@ def target_prepare(name: str, out_dir: Path) -> None:
 @target.command("inspect")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--allow-pickle", is_flag=True, help="Accept pickle (*.bin) weights. Never for untrusted files.")
+@device_options
 @user_errors
-def target_inspect(path: Path, allow_pickle: bool) -> None:
+def target_inspect(path: Path, allow_pickle: bool, device: str, dtype: str) -> None:
     """Check a target directory and print what a drafter would be built from."""
-    from trainer.targets import load_target
     from trainer.targets.chat import choose_mask_token_id
 
-    loaded = load_target(path, allow_pickle=allow_pickle)
+    loaded = load_target_on(path, device, dtype, allow_pickle=allow_pickle)
     mask_token_id, reason = choose_mask_token_id(loaded.tokenizer, loaded.vocab_size)
     click.echo(json.dumps({
         "model_type": loaded.config.model_type, "num_layers": loaded.num_layers,
@@ -78,24 +110,24 @@ def target_inspect(path: Path, allow_pickle: bool) -> None:
 @click.option("--block-size", default=None, type=int,
               help="Defaults to the drafter's recommended draft length (from validation), else its block size.")
 @click.option("--seed", default=0, show_default=True)
+@device_options
 @user_errors
-def decode(target_dir, drafter_dir, prompt, max_new_tokens, temperature, top_p, top_k, block_size, seed) -> None:
+def decode(target_dir, drafter_dir, prompt, max_new_tokens, temperature, top_p, top_k, block_size, seed, device,
+           dtype) -> None:
     """Generate one response, speculatively when a drafter is given, and print tau and speed."""
-    import torch
-
     from schemas.sampling import SamplingParams
     from trainer.drafter.checkpoint import load_drafter
+    from trainer.sampling import seeded_generator
     from trainer.speculative import SpeculativeDecoder
-    from trainer.targets import load_target
     from trainer.targets.chat import render_prompt
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                             seed=seed)
-    loaded = load_target(target_dir)
+    loaded = load_target_on(target_dir, device, dtype)
     drafter = load_drafter(drafter_dir, loaded.device, loaded.dtype) if drafter_dir else None
     decoder = SpeculativeDecoder(loaded, drafter, block_size or (drafter and drafter.config.recommended_block_size))
     ids = render_prompt(loaded.tokenizer, [{"role": "user", "content": prompt}], params.chat_template)
-    result = decoder.generate(ids, params, generator=torch.Generator().manual_seed(seed))
+    result = decoder.generate(ids, params, generator=seeded_generator(seed, loaded.device))
     click.echo(loaded.tokenizer.decode(result.tokens, skip_special_tokens=True))
     seconds = result.prefill_seconds + result.decode_seconds
     click.echo(f"[{len(result.tokens)} tokens, tau {result.tau:.2f}, {len(result.tokens) / seconds:.1f} tokens/s]",
@@ -180,9 +212,10 @@ def parse_layers(target_layers: str | None) -> tuple[int, ...] | None:
               help="What writes the responses: the target's own loop, or vLLM (bench/setup/vllm_cpu.sh) followed by "
                    "one teacher-forced pass of the target for the hidden states.")
 @sampling_options
+@device_options
 @user_errors
 def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, target_layers, cache_budget_mb,
-             batch_size, backend, **sampling) -> None:
+             batch_size, backend, device, dtype, **sampling) -> None:
     """Regenerate responses to the training prompts with the target (resumable by shard)."""
     from schemas.stages import Stage
     from trainer.pipeline import Launch, Layout, RunConfig, open_job, run_stage
@@ -190,7 +223,7 @@ def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, ta
     config = RunConfig(target=target_spec, sampling=make_sampling(**sampling), prompts=prompts,
                        num_prompts=num_prompts, holdout=holdout, num_layers=num_layers,
                        target_layer_ids=parse_layers(target_layers), cache_budget_mb=cache_budget_mb,
-                       generation_batch_size=batch_size)
+                       generation_batch_size=batch_size, device=device, dtype=dtype)
     layout = dataclasses.replace(Layout.under(out_dir, out_dir), prepared=out_dir / "prepare.json", data=out_dir)
     hooks, bar = stage_hooks(100, "%", "generate")
     job = open_job(config, layout, hooks, Launch(generate_backend=backend))
@@ -225,9 +258,10 @@ def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, ta
 @click.option("--nproc", default=1, show_default=True, help="Processes (CPU: gloo; GPU: one per device).")
 @click.option("--hostfile", default=None, help="DeepSpeed hostfile: train across the nodes it lists.")
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in --out.")
+@device_options
 @user_errors
 def train(target_spec, data_dir, out_dir, variant, num_layers, block_size, mask_token_id, nproc, hostfile, resume,
-          zero_stage, **settings) -> None:
+          zero_stage, device, dtype, **settings) -> None:
     """Distil a drafter from regenerated data under DeepSpeed; writes OUT/drafter (reference format)."""
     from trainer.data.store import DataStore
     from schemas.stages import Stage
@@ -236,7 +270,7 @@ def train(target_spec, data_dir, out_dir, variant, num_layers, block_size, mask_
 
     taps = tuple(DataStore.open(data_dir).meta["tap_layer_ids"])  # the drafter taps what the data holds
     config = RunConfig(target=target_spec, variant=variant, num_layers=num_layers, block_size=block_size,
-                       mask_token_id=mask_token_id, target_layer_ids=taps,
+                       mask_token_id=mask_token_id, target_layer_ids=taps, device=device, dtype=dtype,
                        train=TrainConfig(zero_stage=int(zero_stage), **settings))
     layout = Layout(prepared=out_dir / "prepare.json", data=data_dir, train=out_dir, drafter=out_dir / "drafter",
                     report=out_dir / "report.json", metrics=out_dir / "metrics.jsonl", out=out_dir)
@@ -280,16 +314,17 @@ def progress_printer(cfg):
 @click.option("--validation-max-new-tokens", default=VALIDATION_MAX_NEW_TOKENS, show_default=True)
 @click.option("--sampling-draws", default=SAMPLING_DRAWS, show_default=True, help="Draws of the sampling test.")
 @sampling_options
+@device_options
 @user_errors
 def validate(target_spec, drafter_dir, out_file, prompts, holdout, num_prompts, validation_max_new_tokens,
-             sampling_draws, **sampling) -> None:
+             sampling_draws, device, dtype, **sampling) -> None:
     """Prove a drafter lossless on held-out prompts and measure tau and speedup; writes report.json."""
     from schemas.stages import Stage
     from trainer.pipeline import Layout, RunConfig, run_stage
 
     config = RunConfig(target=target_spec, sampling=make_sampling(**sampling), prompts=prompts, holdout=holdout,
                        validation_prompts=num_prompts, validation_max_new_tokens=validation_max_new_tokens,
-                       sampling_draws=sampling_draws)
+                       sampling_draws=sampling_draws, device=device, dtype=dtype)
     layout = Layout(prepared=out_file.parent / "prepare.json", data=out_file.parent, train=drafter_dir.parent,
                     drafter=drafter_dir, report=out_file, metrics=drafter_dir.parent / "metrics.jsonl",
                     out=out_file.parent)
@@ -307,8 +342,9 @@ def validate(target_spec, drafter_dir, out_file, prompts, holdout, num_prompts, 
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True, help="Artifact directory.")
 @click.option("--report", "report_file", type=click.Path(path_type=Path), default=None)
 @click.option("--metrics", "metrics_file", type=click.Path(path_type=Path), default=None)
+@device_options
 @user_errors
-def export(target_spec, drafter_dir, out_dir, report_file, metrics_file) -> None:
+def export(target_spec, drafter_dir, out_dir, report_file, metrics_file, device, dtype) -> None:
     """Package a drafter: reference safetensors, GGUF f16 + q8_0, model card, manifest."""
     from schemas.stages import Stage
     from trainer.pipeline import Layout, RunConfig, run_stage
@@ -321,6 +357,6 @@ def export(target_spec, drafter_dir, out_dir, report_file, metrics_file) -> None
     missing = out_dir / ".no-such-file"
     layout = Layout(prepared=missing, data=missing, train=drafter_dir.parent, drafter=drafter_dir,
                     report=report_file or missing, metrics=metrics_file or missing, out=out_dir)
-    summary = run_stage(Stage.EXPORT, RunConfig(target=target_spec), layout)
+    summary = run_stage(Stage.EXPORT, RunConfig(target=target_spec, device=device, dtype=dtype), layout)
     click.echo(f"{summary['files']} files written to {out_dir}")
     click.echo(f"report: {out_dir / 'report.html'}")  # charts of report.json + metrics; opens from disk

@@ -12,7 +12,7 @@ from urllib.parse import unquote
 import click
 
 from schemas import recipe
-from trainer.cli import parse_layers, sampling_options, train_default, user_errors
+from trainer.cli import device_options, parse_layers, sampling_options, train_default, user_errors
 from trainer.errors import DraftsmithError
 
 
@@ -119,11 +119,12 @@ def parse_spec(body: dict):
               help=f"Default {recipe.VALIDATION_MAX_NEW_TOKENS}.")
 @click.option("--sampling-draws", type=int, default=None, help=f"Default {recipe.SAMPLING_DRAWS}.")
 @sampling_options
+@device_options(default=None)
 @user_errors
 def run(target_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, variant, num_layers, block_size,
         target_layers, mask_token_id, steps, train_minutes, batch_size, anchors_per_sequence, lr, zero_stage,
         allow_pickle, init, nproc, generation_batch_size, validation_prompts, validation_max_new_tokens,
-        sampling_draws, **sampling) -> None:
+        sampling_draws, device, dtype, **sampling) -> None:
     """Train, prove and package a drafter end to end: prepare, generate, train, validate, export."""
     from trainer.job_config import run_config_from_spec
     from trainer.pipeline import Launch, Run
@@ -138,7 +139,7 @@ def run(target_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, 
         "training.anchors_per_sequence": anchors_per_sequence, "training.learning_rate": lr,
         "training.zero_stage": int(zero_stage) if zero_stage else None, "target.allow_pickle": allow_pickle,
         "validation.prompts": validation_prompts, "validation.max_new_tokens": validation_max_new_tokens,
-        "validation.sampling_draws": sampling_draws,
+        "validation.sampling_draws": sampling_draws, "compute.device": device, "compute.dtype": dtype,
     }
     body = job_body(spec_file, target_spec, prompts, flags)
     body["sampling"] = given_sampling(body.get("sampling", {}), sampling)

@@ -40,6 +40,8 @@ def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin"
         mask_token_id=spec.drafter.mask_token_id,
         allow_pickle=spec.target.allow_pickle,
         trust_remote_code=spec.target.trust_remote_code,
+        device=spec.compute.device,
+        dtype=spec.compute.dtype,
         train=TrainConfig(steps=training.max_steps, max_minutes=training.max_minutes, lr=training.learning_rate,
                           batch_size=training.batch_size, anchors_per_sequence=training.anchors_per_sequence,
                           zero_stage=training.zero_stage, checkpoint_every=training.checkpoint_every,

@@ -36,6 +36,7 @@ from trainer.validation import SAMPLING_DRAWS, VALIDATION_MAX_NEW_TOKENS, VALIDA
 
 if TYPE_CHECKING:  # torch is imported by the stages that use it, not by this module's importers
     from trainer.data.regenerate import ResponseBackend, ShardPlan
+    from trainer.device import DevicePlan
 
 Progress = Callable[[str, float, str], None]
 """(stage, fraction of the stage done in [0, 1], detail). The one progress unit of the trainer."""
@@ -62,6 +63,10 @@ class RunConfig:
     mask_token_id: int | None = None
     allow_pickle: bool = False
     """Accept pickle weights for the target (a job must say so explicitly)."""
+    device: str = "auto"
+    """What the job needs (schemas/compute.py): auto, cpu, cuda or cuda:N; combined with `Launch.device`."""
+    dtype: str = "auto"
+    """auto (bfloat16 on a GPU, float32 on the CPU) or float32."""
     trust_remote_code: bool = False
     """Let the target's tokenizer/config run code shipped with the checkpoint (a job must say so explicitly, and
     the deployment allow it). The model itself must still be one of the supported architectures."""
@@ -130,6 +135,9 @@ class Launch:
     """Processes per node: devices on a GPU machine, gloo processes on a CPU one."""
     hostfile: str | None = None
     """A DeepSpeed hostfile for training across several nodes."""
+    device: str = "auto"
+    """What this machine has (DRAFTSMITH_WORKER_DEVICE, schemas/compute.py): the job's `RunConfig.device` must
+    agree with it."""
     generate_backend: str = "builtin"
     """What writes the regenerated responses: `builtin` (the target's own batched loop, capturing the hidden states
     as it goes) or `vllm` (vLLM answers, then one teacher-forced pass of the target captures them)."""
@@ -149,13 +157,23 @@ def step_metrics(record: dict) -> dict[str, float]:
     return values
 
 
-def load_job_target(config: RunConfig):
-    """The job's target as this machine has it (prepare.json records where another machine had it)."""
+def job_device_plan(config: RunConfig, machine_device: str = "auto") -> DevicePlan:
+    """Where the job's target runs on this machine: the job's device and dtype against the machine's setting
+    (trainer/device.py, the one decision)."""
+    from trainer.device import resolve_device
+
+    return resolve_device(config.device, config.dtype, worker=machine_device)
+
+
+def load_job_target(config: RunConfig, plan: DevicePlan | None = None):
+    """The job's target as this machine has it (prepare.json records where another machine had it), on `plan`'s
+    device and dtype (None: the job's own plan against a machine set to auto)."""
     from trainer.targets import load_target
     from trainer.targets.bundled import resolve_target_path
 
-    return load_target(resolve_target_path(config.target), allow_pickle=config.allow_pickle,
-                       trust_remote_code=config.trust_remote_code)
+    plan = plan or job_device_plan(config)
+    return load_target(resolve_target_path(config.target), device=plan.device, dtype=plan.dtype,
+                       allow_pickle=config.allow_pickle, trust_remote_code=config.trust_remote_code)
 
 
 def parent_drafter_config(config: RunConfig):
@@ -199,12 +217,22 @@ class JobStages:
 
     def __init__(self, config: RunConfig, layout: Layout, hooks: StageHooks, launch: Launch):
         self.config, self.layout, self.hooks, self.launch = config, layout, hooks, launch
-        self._target = None
+        self._target, self._plan = None, None
+        self.stage: str | None = None
+        """The stage running now (run_stage sets it), for the event that names the device."""
+
+    @property
+    def plan(self) -> DevicePlan:
+        if self._plan is None:
+            self._plan = job_device_plan(self.config, self.launch.device)
+        return self._plan
 
     @property
     def target(self):
         if self._target is None:
-            self._target = load_job_target(self.config)
+            # An event, so the dashboard and the CLI show where the stage runs before its first real progress.
+            self.hooks.progress(self.stage or Stage.PREPARE, 0.0, f"loading the target on {self.plan.summary()}")
+            self._target = load_job_target(self.config, self.plan)
         return self._target
 
     def prompts(self):
@@ -245,7 +273,7 @@ class JobStages:
                                           "target_fingerprint": parent.target_fingerprint}
         atomic_write_json(self.layout.prepared, prepared)
         self.hooks.on_saved(self.layout.prepared)
-        return prepared
+        return {**prepared, "device": self.plan.describe()}
 
     def generate(self) -> dict:
         from trainer.data.regenerate import regenerate
@@ -266,6 +294,7 @@ class JobStages:
         engine = {"backend": self.launch.generate_backend}
         if backend is not None:  # what the engine itself spent, apart from the target's capture pass
             engine.update(backend_seconds=round(backend.seconds, 3), backend_tokens=backend.tokens)
+        engine["device"] = self.plan.describe()
         if store is None:  # a helper's share is written; the worker that runs the stage finishes the data set
             return {"helper": True, **engine}
         return {"plan": store.meta["plan"], **engine, **store.summary()}
@@ -284,14 +313,15 @@ class JobStages:
         in_process = self.launch.nproc <= 1 and not self.launch.hostfile
         train_drafter(self.config, self.prepared(), self.layout.data, self.layout.train, self.launch, resume=resume,
                       on_step=self.on_train_step, should_stop=self.hooks.should_stop, on_saved=self.hooks.on_saved,
-                      target=self.target if in_process else None)
+                      target=self.target if in_process else None, plan=self.plan)
         records = self.layout.metrics.read_text().splitlines()
         last = json.loads(records[-1])
         budget = last.get("budget_s")
         return {"steps": last["step"], "planned_steps": self.config.train.steps,
                 "budget_minutes": None if budget is None else round(budget / 60, 2),
                 "seconds_per_step": round(last["elapsed_s"] / last["step"], 3),  # elapsed_s counts earlier attempts
-                "final_loss": last["loss"], "train_tau_estimate": last["train_tau_estimate"]}
+                "final_loss": last["loss"], "train_tau_estimate": last["train_tau_estimate"],
+                "device": self.plan.describe()}
 
     def validate(self) -> dict:
         from trainer.drafter.checkpoint import load_drafter
@@ -307,7 +337,7 @@ class JobStages:
 
         report = validate(self.target, drafter, holdout[:self.config.validation_prompts], self.config.sampling,
                           max_new_tokens=self.config.validation_max_new_tokens,
-                          sampling_draws=self.config.sampling_draws, on_progress=on_progress)
+                          sampling_draws=self.config.sampling_draws, on_progress=on_progress, device_plan=self.plan)
         if self.config.train.parent_drafter:  # a warm start: was it worth it, on this very target and prompts?
             from trainer.audit import compare_with_parent
 
@@ -326,7 +356,7 @@ class JobStages:
         atomic_write_json(self.layout.report, report)
         self.hooks.on_saved(self.layout.report)
         require_passed(report)  # a drafter that changes the output is never exported
-        summary = {"tau": report["tau"], "speedup": report["speedup"]["ratio"]}
+        summary = {"tau": report["tau"], "speedup": report["speedup"]["ratio"], "device": report["device"]}
         if "warm_start" in report:
             summary["parent_tau"] = report["warm_start"]["parent_tau"]
         return summary
@@ -338,7 +368,7 @@ class JobStages:
         manifest = export_artifacts(self.layout.drafter, self.target, self.layout.out, report=report,
                                     metrics_file=self.layout.metrics, target_name=self.config.target)
         self.hooks.on_saved(self.layout.out)
-        return {"files": len(manifest["files"])}
+        return {"files": len(manifest["files"]), "device": self.plan.describe()}
 
 
 TRAINER_STAGES = LOCAL_STAGES
@@ -355,6 +385,7 @@ def run_stage(stage: Stage | str, config: RunConfig, layout: Layout, hooks: Stag
         raise DraftsmithError(f"stage {stage} is not the trainer's: it runs {', '.join(TRAINER_STAGES)}")
     job = job or open_job(config, layout, hooks, launch)
     layout.prepared.parent.mkdir(parents=True, exist_ok=True)
+    job.stage = stage
     return getattr(job, str(stage))() or {}
 
 

@@ -36,8 +36,27 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return filtered_probs(logits, params.temperature, params.top_p, params.top_k)
 
 
+def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """The generator every sampler draws with: seeded, and on the device its draws happen on (the probabilities'
+    device; torch refuses a generator of another device). On the CPU it is exactly `torch.Generator().manual_seed
+    (seed)`, so CPU results are what they always were; a GPU's stream differs from the CPU's for the same seed."""
+    return torch.Generator(device=torch.device(device)).manual_seed(seed)
+
+
+def check_generator(generator: torch.Generator | None, device: torch.device) -> None:
+    """Refuse a generator made for another device than the draws, naming the fix (torch's own error names
+    neither the generator nor the helper)."""
+    if generator is None:
+        return
+    have, want = generator.device, torch.device(device)
+    if have.type != want.type or (want.index is not None and have.index not in (None, want.index)):
+        raise ValueError(f"a random generator on {have} cannot draw on {want}: make it with "
+                         f"trainer.sampling.seeded_generator(seed, {str(want)!r})")
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One draw per row of a (..., V) probability tensor."""
+    check_generator(generator, probs.device)
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
 
@@ -58,6 +77,7 @@ def rejection_sample(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
     length = drafts.shape[0]
     p_draft = p[:length].gather(-1, drafts[:, None])[:, 0]
     q_draft = q.gather(-1, drafts[:, None])[:, 0]
+    check_generator(generator, p.device)
     u = torch.rand(length, generator=generator, device=p.device)
     accepted = int((u * q_draft < p_draft).int().cumprod(0).sum())
     if accepted == length:

@@ -4,7 +4,8 @@ longest accepted prefix plus one target token. Batch size 1.
 The loop follows the reference `dflash.model.dflash_generate` step for step (same verify sizes, same
 acceptance counting, same stop handling), so both give identical tokens and acceptance lengths in greedy
 mode. Without a drafter (or with block size 1) the same loop is plain autoregressive decoding of the
-target, which is what losslessness is checked against.
+target, which is what losslessness is checked against; with `verify_width` it is the same decoding with every
+forward as wide as a verify (the reference of the greedy check on bfloat16 targets, trainer/validation/report.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from schemas.sampling import SamplingParams
+from trainer.device import synchronize
 from trainer.drafter.model import Drafter, DrafterCache
 from trainer.sampling import filtered_probs, rejection_sample, sample, target_probs
 from trainer.targets.loading import Target
@@ -71,8 +73,11 @@ class Prefill:
 
 class SpeculativeDecoder:
     def __init__(self, target: Target, drafter: Drafter | None = None, block_size: int | None = None,
-                 record_candidates: bool = False, use_draft_vocab: bool = True):
+                 record_candidates: bool = False, use_draft_vocab: bool = True, verify_width: int = 1):
         self.target = target
+        # Without a drafter: the width of every decode forward (the token, then copies of it whose logits are
+        # dropped and whose cache entries are cropped), so the target alone runs at a verify's shapes.
+        self.verify_width = verify_width
         self.drafter = drafter
         self.record_candidates = record_candidates
         default_block = drafter.config.block_size if drafter is not None else 1
@@ -108,6 +113,7 @@ class SpeculativeDecoder:
         taps = self._tap_ids()
         drafter_cache = DrafterCache(self.drafter.config.num_layers) if self.block_size > 1 else None
 
+        synchronize(device)  # the clocks measure this decode's kernels, not work queued before it
         started = time.perf_counter()
         if prefill is None:
             prefill = self.prefill(prompt_ids)
@@ -119,6 +125,7 @@ class SpeculativeDecoder:
         context = prefill.context
         tokens = list(prompt_ids) + [self._choose(prefill.logits, params, generator)]
         context_start = 0
+        synchronize(device)
         result = DecodeResult(tokens=[], prefill_seconds=time.perf_counter() - started)
 
         started = time.perf_counter()
@@ -131,11 +138,12 @@ class SpeculativeDecoder:
                 drafts, proposal, candidates = self._draft(tokens[start], start, verify, context, context_start,
                                                            drafter_cache, params, generator)
                 block += drafts
+            width = min(self.verify_width, max_length - start) if verify == 1 else verify
             logits, taps_out = target.forward(
-                torch.tensor([block], device=device), self._positions(start, verify),
+                torch.tensor([block + block[:1] * (width - len(block))], device=device), self._positions(start, width),
                 cache=target_cache, tap_layer_ids=taps if verify > 1 else None,
             )
-            accepted, bonus = self._verify(block, logits[0], proposal, params, generator)
+            accepted, bonus = self._verify(block, logits[0, :len(block)], proposal, params, generator)
             new_tokens = (block[1:1 + accepted] + [bonus])[:max_length - start - 1]
             for index, token in enumerate(new_tokens):
                 if token in stop:
@@ -150,6 +158,7 @@ class SpeculativeDecoder:
                 context, context_start = taps_out[:, :len(new_tokens)], start
             start += len(new_tokens)
             target.crop_cache(target_cache, start)
+        synchronize(device)
         result.decode_seconds = time.perf_counter() - started
         result.tokens = tokens[prompt_len:max_length]
         result.stop_reason = "stop" if stopped else "length"

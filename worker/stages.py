@@ -45,12 +45,13 @@ NAMED_KINDS = {"README.md": "model-card", "report.json": "report", "manifest.jso
 
 
 def launch_for(settings: Settings) -> Launch:
-    """How this worker runs a stage: what writes regenerated responses (DRAFTSMITH_WORKER_GENERATE_BACKEND), and
-    training's DRAFTSMITH_WORKER_NPROC processes per node, across the nodes of DRAFTSMITH_WORKER_HOSTFILE when one
-    is set. The deployment manifests render both (infra/k8s);
-    tests/infra/test_multinode_launch.py checks the command they lead to."""
+    """How this worker runs a stage: what writes regenerated responses (DRAFTSMITH_WORKER_GENERATE_BACKEND), the
+    device it has (DRAFTSMITH_WORKER_DEVICE, which a job's compute.device must agree with), and training's
+    DRAFTSMITH_WORKER_NPROC processes per node, across the nodes of DRAFTSMITH_WORKER_HOSTFILE when one is set. The
+    deployment manifests render both (infra/k8s); tests/infra/test_multinode_launch.py checks the command they lead
+    to."""
     return Launch(nproc=settings.worker_nproc, hostfile=settings.worker_hostfile,
-                  generate_backend=settings.worker_generate_backend)
+                  generate_backend=settings.worker_generate_backend, device=settings.worker_device)
 
 
 class JobFiles:

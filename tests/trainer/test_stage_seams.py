@@ -16,7 +16,16 @@ from tiny_targets import make_tiny_target
 import trainer.pipeline
 from draftsmith.cli import main as cli
 from schemas import recipe
-from schemas.job_spec import DataSpec, DrafterSpec, InitSpec, JobSpec, TargetSpec, TrainingBudget, ValidationSpec
+from schemas.job_spec import (
+    ComputeSpec,
+    DataSpec,
+    DrafterSpec,
+    InitSpec,
+    JobSpec,
+    TargetSpec,
+    TrainingBudget,
+    ValidationSpec,
+)
 from schemas.sampling import SamplingParams
 from schemas.stages import STAGE_ORDER, Stage
 from trainer.data.prompts import load_prompts
@@ -43,6 +52,7 @@ CHANGES = {
     "training": {"max_steps": 1234, "max_minutes": 30.0, "learning_rate": 1e-4, "batch_size": 8,
                  "anchors_per_sequence": 32, "checkpoint_every": 50, "zero_stage": 3},
     "validation": {"prompts": 64, "max_new_tokens": 48, "sampling_draws": 1000},
+    "compute": {"device": "cuda:1", "dtype": "float32"},
     "init": {"from_drafter": "file:///drafters/base"},  # a warm start (issue 12): resolved paths map as file:// does
 }
 SERVICE_ONLY = {"target": {"uri"}, "data": {"source"}}  # resolved to local paths by the caller
@@ -51,7 +61,8 @@ MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
 
 def test_every_spec_field_that_shapes_the_drafter_reaches_the_trainer():
     models = {"target": TargetSpec, "sampling": SamplingParams, "drafter": DrafterSpec, "data": DataSpec,
-              "training": TrainingBudget, "validation": ValidationSpec, "init": InitSpec}
+              "training": TrainingBudget, "validation": ValidationSpec, "init": InitSpec,
+              "compute": ComputeSpec}
     for section, model in models.items():
         assert set(model.model_fields) - SERVICE_ONLY.get(section, set()) == set(CHANGES[section]), section
     base = run_config_from_spec(JobSpec.model_validate(MINIMAL), target="t")

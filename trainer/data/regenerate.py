@@ -26,7 +26,7 @@ from schemas.sampling import SamplingParams
 from trainer.data.prompts import Prompt
 from trainer.data.store import DataStore, Example, TeacherSignal
 from trainer.errors import DraftsmithError, StageInterrupted
-from trainer.sampling import sample, target_probs
+from trainer.sampling import sample, seeded_generator, target_probs
 from trainer.targets.chat import render_prompt
 from trainer.targets.loading import Target
 
@@ -280,7 +280,7 @@ def _shard_examples(target: Target, prompts: list[Prompt], prompt_ids: list[list
                     batch_done: Callable[[int, int], None], done_before: str) -> tuple[list[Example], int]:
     """One shard's examples in prompt order, and its response tokens. The shard's seed is its index, so whichever
     process writes it, it is the same shard."""
-    generator = torch.Generator().manual_seed(params.seed * 100_003 + shard)
+    generator = seeded_generator(params.seed * 100_003 + shard, target.device)
     # Similar lengths per batch waste less padding.
     order = sorted(chunk, key=lambda i: len(prompt_ids[i]))
     responses = backend.respond([prompt_ids[i] for i in order], params, params.seed * 100_003 + shard) \

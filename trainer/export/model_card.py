@@ -28,6 +28,7 @@ def _figures(report: dict | None) -> str:
         f"tokens/s ({speed['ratio']}x{_interval(speed.get('ratio_ci95'))}, {speed['decoding']}) |",
         f"| recommended block size | {report['recommended_block_size']} |",
     ]
+    lines += _device_rows(report)
     advice = report.get("serving_advice")
     if advice:
         lines = [f"**{'Recommendation' if advice['enable'] is not False else 'Not recommended here'}:** "
@@ -44,6 +45,20 @@ def _figures(report: dict | None) -> str:
         lines += ["", "Acceptance by prompt category:", "", "| category | tau | cycles |", "|---|---|---|"]
         lines += [f"| {name} | {v['tau']} | {v['cycles']} |" for name, v in categories.items()]
     return "\n".join(lines) + "\n"
+
+
+def _device_rows(report: dict) -> list[str]:
+    """Where it was validated (trainer/device.py's plan) and what the greedy check compared (report.py's gate);
+    reports written before either was recorded have neither row."""
+    rows = []
+    device = report.get("device")
+    if device:
+        many = f", {device['count']} devices" if device.get("count", 1) > 1 else ""
+        rows.append(f"| validated on | {device['name']} (`{device['device']}`{many}), {device['dtype']} |")
+    gate = report.get("greedy_gate")
+    if gate:
+        rows.append(f"| greedy check reference ({gate['dtype']}, {gate['prompts']} prompts) | {gate['reference']} |")
+    return rows
 
 
 def _interval(ci) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 from functools import cached_property
 from pathlib import Path
@@ -90,6 +91,24 @@ def load_target(path: str | Path, *, device: str | torch.device = "cpu", dtype: 
     return Target(model, tokenizer, path)
 
 
+CACHE_ARGUMENTS = ("cache", "past_key_values")
+"""What transformers' model forward calls the KV cache: `cache` in the versions this project installs,
+`past_key_values` in earlier 5.x releases (e.g. 5.17, in GPU images users run)."""
+
+
+def cache_argument(model) -> str:
+    """The name the installed transformers' forward takes the KV cache under. Checked once per target: a forward
+    with **kwargs swallows a misnamed cache without an error and recomputes from nothing, so decoding would go
+    silently wrong; a forward with neither name is refused instead."""
+    parameters = inspect.signature(model.forward).parameters
+    for name in CACHE_ARGUMENTS:
+        if name in parameters:
+            return name
+    raise TargetError(f"{type(model).__name__}.forward takes no KV cache argument ({' or '.join(CACHE_ARGUMENTS)}) "
+                      f"in transformers as installed here; its parameters: {', '.join(parameters)}. Install the "
+                      "transformers version of this project's pyproject.toml")
+
+
 class Target:
     """A frozen causal LM with the handles a DFlash drafter needs."""
 
@@ -99,6 +118,7 @@ class Target:
         self.path = path
         self.config = model.config.get_text_config()
         self.layers = model.get_decoder().layers
+        self.cache_argument = cache_argument(model)
 
     @property
     def device(self) -> torch.device:
@@ -153,7 +173,7 @@ class Target:
         with self.capture_taps(tap_layer_ids) as taps:
             output = self.model(
                 input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                cache=cache, use_cache=cache is not None, logits_to_keep=logits_to_keep,
+                use_cache=cache is not None, logits_to_keep=logits_to_keep, **{self.cache_argument: cache},
             )
         return output.logits, (torch.cat(taps, dim=-1) if tap_layer_ids else None)
 

@@ -24,14 +24,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_distributed() -> tuple[int, int, torch.device]:
-    """(rank, world size, device). Without a launcher, sets up a world of one."""
+def init_distributed(device: torch.device | None = None) -> tuple[int, int, torch.device]:
+    """(rank, world size, device). Without a launcher, sets up a world of one. `device`: where this rank's target
+    was loaded (trainer/device.py decided it), so training runs there too (a job set to cpu trains on the CPU of a
+    GPU machine); None: this rank's GPU when there is one."""
     import deepspeed
 
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
     if not cuda:
         # DeepSpeed would JIT-compile its shared-memory all-reduce here (1-3 minutes on two cores, paid by the
         # first training of every fresh install). gloo's own all-reduce serves a CPU world: a drafter's
@@ -41,7 +43,8 @@ def init_distributed() -> tuple[int, int, torch.device]:
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if device is None or device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     return dist.get_rank(), dist.get_world_size(), device

@@ -50,13 +50,14 @@ def _trainer(config, prepared: dict, data_dir: Path, run_dir: Path, target, call
 
 def train_drafter(config, prepared: dict, data_dir: Path, run_dir: Path, launch, *, resume: bool,
                   on_step: Callable[[dict], None], should_stop: Callable[[], bool],
-                  on_saved: Callable[[Path], None], target=None) -> Path:
-    """Train into run_dir (checkpoints/, metrics.jsonl, drafter/); return the drafter directory."""
+                  on_saved: Callable[[Path], None], target=None, plan=None) -> Path:
+    """Train into run_dir (checkpoints/, metrics.jsonl, drafter/); return the drafter directory. `plan`: the job's
+    DevicePlan on this machine (None: resolved here from the job and `launch.device`)."""
     if launch.nproc <= 1 and not launch.hostfile:
         if target is None:
-            from trainer.pipeline import load_job_target
+            from trainer.pipeline import job_device_plan, load_job_target
 
-            target = load_job_target(config)
+            target = load_job_target(config, plan or job_device_plan(config, launch.device))
         trainer = _trainer(config, prepared, data_dir, run_dir, target, [on_step], should_stop, on_saved)
         return trainer.run(resume=resume)
     return _launch(config, prepared, data_dir, run_dir, launch, resume, on_step, should_stop, on_saved)
@@ -71,7 +72,7 @@ def _launch(config, prepared, data_dir, run_dir, launch, resume, on_step, should
     stop_file.unlink(missing_ok=True)
     spec_file = run_dir / "launch.json"
     atomic_write_json(spec_file, {"config": config.to_json(), "prepared": prepared, "data_dir": str(data_dir),
-                                  "run_dir": str(run_dir), "resume": resume})
+                                  "run_dir": str(run_dir), "resume": resume, "machine_device": launch.device})
     # Ranks find their own RANK/WORLD_SIZE from the launcher; stale values from this process would confuse them.
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     log_file = run_dir / "launch.log"
@@ -126,11 +127,13 @@ def _forward_new_steps(metrics: Path, seen: int, on_step: Callable[[dict], None]
 
 def _rank_main(spec_file: str) -> None:
     """One rank of a launched train stage."""
-    from trainer.pipeline import RunConfig, load_job_target
+    from trainer.pipeline import RunConfig, job_device_plan, load_job_target
 
     spec = json.loads(Path(spec_file).read_text())
     config, run_dir = RunConfig.from_json(spec["config"]), Path(spec["run_dir"])
-    target = load_job_target(config)
+    # The job's plan, as the stage resolved it; each rank takes its own GPU of it (the launcher's LOCAL_RANK).
+    plan = job_device_plan(config, spec.get("machine_device", "auto")).for_rank(int(os.environ.get("LOCAL_RANK", 0)))
+    target = load_job_target(config, plan)
     stop_file = run_dir / STOP_FILE
     trainer = _trainer(config, spec["prepared"], Path(spec["data_dir"]), run_dir, target, [],
                        stop_file.exists, None)

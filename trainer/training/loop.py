@@ -70,7 +70,7 @@ class Trainer:
 
     def run(self, resume: bool = False) -> Path:
         cfg, target = self.cfg, self.target
-        rank, world, device = distributed.init_distributed()
+        rank, world, device = distributed.init_distributed(target.device)
         self.rank = rank
         cached = bool(self.store.meta["hidden_cached"])
         examples = self.store.examples(with_hidden=cached, tap_layer_ids=list(self.drafter_config.target_layer_ids))

@@ -11,10 +11,22 @@ defaults), and proportional to the job's validation settings:
 3. On a timed subset (a third of the prompts, one per category at the defaults), each prompt is decoded at
    batch 1 by the target alone and then speculatively at that length, back to back, so both see the same
    machine load: the measured speedup, with a bootstrap interval over those prompts. The speculative output
-   must equal the target's token for token (any mismatch fails, with the first diverging position).
+   must equal the target's token for token (any mismatch fails, with the first diverging position): the greedy
+   gate, below. On a GPU every validation prompt is decoded speculatively and checked, not only the timed ones.
 4. A statistical test of speculative sampling at that length against the target's exact distribution
    (trainer/validation/sampling_test.py), sized by the job's `sampling_draws`. A test that could test nothing
    is "inconclusive", never "passed": it fails a sampling job, and a greedy job's report says so.
+
+The greedy gate, and what "identical" means in bfloat16 (report.json `greedy_gate`). In float32 (every CPU run, and
+a GPU job with `compute.dtype: float32`) the reference is the target alone decoding one token per forward, as
+always. In bfloat16 a forward's rounding depends on its shapes: one token at a time and an 8-token verify can round
+a near-tie differently, so "equal to the target alone" would depend on the kernels, not the drafter. There the
+reference is the target's own greedy decode run at the shapes the serving engine's verify uses: every forward is as
+wide as the served block (the token, then copies whose logits are dropped and whose cache is cropped:
+`SpeculativeDecoder(verify_width=)`), one token committed per forward. The speculative output must equal that token
+for token; the check is not loosened (no tolerance, no near-tie exemption). This is what a serving engine running
+speculative decoding in bfloat16 can promise: the tokens the target itself produces at those shapes. A job that needs
+equality with the plain one-token decode asks for float32.
 
 `on_progress(done, total)` is called between every unit of work (a batch, a prompt, a block size, a draw
 group), so a caller can stop validation within seconds by raising from it.
@@ -31,10 +43,12 @@ from collections.abc import Callable
 import torch
 
 from schemas.sampling import SamplingParams
-from schemas.validation_plan import REFERENCE_BATCH, SAMPLED_TOKENS_PER_DRAW, timed_prompt_count
+from schemas.validation_plan import REFERENCE_BATCH, SAMPLED_TOKENS_PER_DRAW, gated_prompt_count, timed_prompt_count
+from trainer.device import DevicePlan, plan_of, synchronize
 from trainer.data.prompts import Prompt
 from trainer.drafter.model import Drafter, DrafterCache
 from trainer.errors import DraftsmithError
+from trainer.sampling import seeded_generator
 from trainer.speculative import SpeculativeDecoder
 from trainer.targets.chat import render_prompt
 from trainer.targets.loading import Target
@@ -109,15 +123,19 @@ def greedy_outputs(target: Target, rendered: list[list[int]], max_new_tokens: in
 def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: SamplingParams, *,
              max_new_tokens: int = VALIDATION_MAX_NEW_TOKENS, sampling_draws: int = SAMPLING_DRAWS,
              sampling_prompts: int = SAMPLING_PROMPTS,
-             on_progress: Progress | None = None) -> dict:
-    """The validation report of `drafter` on `prompts` (module docstring: what is measured, and how)."""
+             on_progress: Progress | None = None, device_plan: DevicePlan | None = None) -> dict:
+    """The validation report of `drafter` on `prompts` (module docstring: what is measured, and how).
+    `device_plan`: where the target was loaded (trainer/device.py), recorded in the report; None: read off the
+    target."""
     check_compatible(target, drafter)
     block_size = drafter.config.block_size
     greedy = params.model_copy(update={"temperature": 0.0, "max_new_tokens": max_new_tokens})
     timed = timed_prompt_count(len(prompts))
+    every_prompt = target.device.type == "cuda"  # a GPU decodes them all speculatively in little time
+    gated = gated_prompt_count(len(prompts), every_prompt=every_prompt)
     sampled_prompts = min(sampling_prompts, len(prompts))
-    # Units: reference prompts, acceptance prompts, block sizes costed, timed prompts, sampling prompts.
-    progress = _Progress(2 * len(prompts) + block_size + timed + sampled_prompts, on_progress)
+    # Units: reference prompts, acceptance prompts, block sizes costed, gated prompts, sampling prompts.
+    progress = _Progress(2 * len(prompts) + block_size + gated + sampled_prompts, on_progress)
     rendered = [render_prompt(target.tokenizer, list(p.messages), params.chat_template) for p in prompts]
 
     references = greedy_outputs(target, rendered, max_new_tokens, progress)
@@ -131,7 +149,10 @@ def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: Sa
     recommended = max(speedups, key=speedups.get)
 
     served = SpeculativeDecoder(target, drafter, block_size=recommended)
-    speed, greedy_check = timed_decoding(target, served, prompts[:timed], rendered[:timed], greedy, progress)
+    gate = greedy_gate(target, recommended, gated, every_prompt)
+    reference = SpeculativeDecoder(target, verify_width=gate["verify_width"]) if gate["verify_width"] > 1 else None
+    speed, greedy_check = timed_decoding(target, served, prompts[:gated], rendered[:gated], greedy, progress,
+                                         timed=timed, reference=reference)
 
     sampling_params = params if not params.greedy else params.model_copy(update={"temperature": 1.0})
     sampling = sampling_lossless_test(served, rendered[:sampled_prompts], sampling_params, draws=sampling_draws,
@@ -174,8 +195,25 @@ def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: Sa
         "sampling_parameters": params.model_dump(mode="json"),
         "validation_max_new_tokens": max_new_tokens,
         "target_fingerprint": target.fingerprint,
+        "device": (device_plan or plan_of(target.device, target.dtype)).describe(),
+        "greedy_gate": gate,
     }
     return report
+
+
+def greedy_gate(target: Target, block_size: int, prompts: int, every_prompt: bool) -> dict:
+    """What the greedy exact-match check compares, for report.json (module docstring: the bfloat16 definition)."""
+    dtype = str(target.dtype).removeprefix("torch.")
+    exact = target.dtype == torch.float32
+    return {
+        "dtype": dtype, "device": target.device.type, "prompts": prompts, "every_prompt": every_prompt,
+        "block_size": block_size, "verify_width": 1 if exact else block_size,
+        "reference": ("the target alone, greedy, one token per forward" if exact else
+                      f"the target's own greedy decode with every forward {block_size} tokens wide (the served "
+                      f"verify's shapes), one token committed per forward: {dtype} rounding depends on shapes, so "
+                      "this, not the one-token decode, is the target's output at serving time; ask for "
+                      "compute.dtype float32 to compare with the one-token decode"),
+    }
 
 
 def measure_acceptance(target: Target, drafter: Drafter, prompts: list[Prompt], rendered: list[list[int]],
@@ -196,48 +234,56 @@ def measure_acceptance(target: Target, drafter: Drafter, prompts: list[Prompt], 
                                         context[0].float().cpu(), tuple(taps))
             stats.add(prompt.category, response, replay_greedy(target, drafter, reference, decoder=decoder))
         else:
-            got = decoder.generate(ids, serving, generator=torch.Generator().manual_seed(params.seed + index))
+            got = decoder.generate(ids, serving, generator=seeded_generator(params.seed + index, target.device))
             stats.add(prompt.category, got.tokens, got.cycles)
         progress.step(detail=f"acceptance on {index + 1}/{len(prompts)} prompts")
     return stats
 
 
 def timed_decoding(target: Target, served: SpeculativeDecoder, prompts: list[Prompt], rendered: list[list[int]],
-                   greedy: SamplingParams, progress: _Progress) -> tuple[dict, dict]:
-    """Each prompt decoded by the target alone and then speculatively, back to back: (the speedup figures, the
-    greedy exact-match check of the speculative output against the target's)."""
+                   greedy: SamplingParams, progress: _Progress, *, timed: int | None = None,
+                   reference: SpeculativeDecoder | None = None) -> tuple[dict, dict]:
+    """The first `timed` prompts (None: all) decoded by the target alone and then speculatively, back to back (the
+    speedup figures), and every prompt's speculative output checked token for token against `reference`'s (None:
+    the target alone's): (the speedup figures, the greedy exact-match check)."""
     plain = SpeculativeDecoder(target)
+    timed = len(prompts) if timed is None else min(timed, len(prompts))
     served_stats = AcceptanceStats(served.block_size)
     per_prompt: list[tuple[float, float, int]] = []  # (seconds alone, seconds speculative, tokens)
-    mismatches, first_divergence = 0, None
+    mismatches, first_divergence, checked_tokens = 0, None, 0
     load_before = os.getloadavg()[0]
     for index, (prompt, ids) in enumerate(zip(prompts, rendered, strict=True)):
-        alone = plain.generate(ids, greedy)
+        alone = plain.generate(ids, greedy) if index < timed or reference is None else None
         got = served.generate(ids, greedy)
-        per_prompt.append((alone.prefill_seconds + alone.decode_seconds, got.prefill_seconds + got.decode_seconds,
-                           len(alone.tokens)))
-        served_stats.add(got.tokens, got.cycles)
-        if got.tokens != alone.tokens:
+        expected = alone if reference is None else reference.generate(ids, greedy)
+        if index < timed:
+            per_prompt.append((alone.prefill_seconds + alone.decode_seconds,
+                               got.prefill_seconds + got.decode_seconds, len(alone.tokens)))
+            served_stats.add(got.tokens, got.cycles)
+        checked_tokens += len(expected.tokens)
+        if got.tokens != expected.tokens:
             mismatches += 1
             if first_divergence is None:
-                position = next((i for i, (a, b) in enumerate(zip(got.tokens, alone.tokens)) if a != b),
-                                min(len(got.tokens), len(alone.tokens)))
+                position = next((i for i, (a, b) in enumerate(zip(got.tokens, expected.tokens)) if a != b),
+                                min(len(got.tokens), len(expected.tokens)))
                 first_divergence = {"prompt_id": prompt.id, "position": position,
-                                    "expected": alone.tokens[position:position + 5],
+                                    "expected": expected.tokens[position:position + 5],
                                     "got": got.tokens[position:position + 5]}
-        progress.step(detail=f"timed decoding, target alone vs speculative: {index + 1}/{len(prompts)} prompts")
+        what = "timed decoding, target alone vs speculative" if index < timed else "greedy check, speculative"
+        progress.step(detail=f"{what}: {index + 1}/{len(prompts)} prompts")
     alone_s, spec_s, tokens = (sum(column) for column in zip(*per_prompt, strict=True))
     ratio = alone_s / spec_s
     speed = {
-        "decoding": f"greedy, batch 1, block size {served.block_size} (recommended), {len(prompts)} prompts each "
+        "decoding": f"greedy, batch 1, block size {served.block_size} (recommended), {timed} prompts each "
                     "decoded by the target alone then speculatively, back to back, on this machine",
-        "block_size": served.block_size, "prompts": len(prompts),
+        "block_size": served.block_size, "prompts": timed,
         "tau": round(served_stats.tau, 4),
         "ar_tokens_per_s": round(tokens / alone_s, 2), "spec_tokens_per_s": round(tokens / spec_s, 2),
         "ratio": round(ratio, 3), "ratio_ci95": [round(v, 3) for v in _ratio_interval(per_prompt)],
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
-    check = {"prompts": len(prompts), "tokens": tokens, "mismatches": mismatches, "first_divergence": first_divergence}
+    check = {"prompts": len(prompts), "tokens": checked_tokens, "mismatches": mismatches,
+             "first_divergence": first_divergence}
     return speed, check
 
 
@@ -285,8 +331,10 @@ def measure_step_costs(target: Target, drafter: Drafter, prompt: list[int], repe
         run()
         times = []
         for _ in range(repeats):
+            synchronize(device)  # GPU kernels run asynchronously: time this run's work, whole
             started = time.perf_counter()
             run()
+            synchronize(device)
             times.append(time.perf_counter() - started)
         return statistics.median(times)
 

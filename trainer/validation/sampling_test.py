@@ -26,7 +26,7 @@ import torch
 from scipy.stats import chi2, chisquare, kstest
 
 from schemas.sampling import SamplingParams
-from trainer.sampling import target_probs
+from trainer.sampling import seeded_generator, target_probs
 from trainer.speculative import SpeculativeDecoder
 
 MIN_EXPECTED = 5.0
@@ -105,8 +105,8 @@ def sampling_lossless_test(decoder: SpeculativeDecoder, prompts: list[list[int]]
     if params.greedy:
         raise ValueError("the sampling test needs temperature > 0")
     params = params.model_copy(update={"max_new_tokens": tokens})
-    generator = torch.Generator().manual_seed(seed)
-    pit_rng = torch.Generator().manual_seed(seed + 1)
+    generator = seeded_generator(seed, decoder.target.device)
+    pit_rng = seeded_generator(seed + 1)  # its uniforms are drawn on the CPU, beside the probabilities they read
     per_prompt = max(1, draws // len(prompts))
     statistic, degrees, groups, tested_draws = 0.0, 0, 0, 0
     by_depth: dict[int, int] = defaultdict(int)
