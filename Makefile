@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= out/smollm2-135m
 
-.PHONY: setup run test bench
+.PHONY: setup run test bench browser
 setup: $(VENV)/.installed
 
 # What the main job needs: torch, the project with its worker dependencies, the bundled target.
@@ -30,7 +30,22 @@ $(VENV)/.installed: $(VENV)/.installed-run
 run: $(VENV)/.installed-run
 	$(BIN)/draftsmith run --target smollm2-135m --out $(OUT)
 
-test: setup
+# The browser tests (tests/dashboard) drive Debian's /usr/bin/chromium and /usr/bin/chromedriver; Playwright never
+# downloads a browser. Installed here when this machine can (root and apt-get: a fresh CI box), else one line says
+# how, first, and the rest of the suite runs anyway.
+CHROMIUM_PACKAGES := chromium chromium-driver
+CHROMIUM_HINT := make test: the browser tests (tests/dashboard) need Chromium; install it with \
+	'sudo apt-get install -y $(CHROMIUM_PACKAGES)', or they error
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "make test: installing $(CHROMIUM_PACKAGES) for the browser tests (apt-get)"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(CHROMIUM_PACKAGES) \
+			>/dev/null; } || echo "$(CHROMIUM_HINT) (apt-get failed)"; \
+	else echo "$(CHROMIUM_HINT)"; fi
+
+# `browser` first: make builds prerequisites left to right, so its line comes before anything else runs.
+test: browser setup
 	$(BIN)/python -m pytest -q
 
 bench: setup

@@ -5,12 +5,15 @@ An audit is a small job of its own: a row in `audits` (the truth), handed to the
 `trainer.audit.run_audit` (the function `draftsmith audit` runs locally), its result stored on the row.
 
     queued -> running -> succeeded (result + recommendation) | failed (error code + message)
+    queued -> cancelled                      (POST /v1/audits/{id}/cancel: the worker's claim then finds nothing)
+    running -> cancelling -> cancelled       (the worker's heartbeat sees it and stops the measurement)
 
 Admission resolves every default into the stored spec (schemas/audit.py): for a drafter id of the organisation,
 the prompts, sampling parameters and validation settings of the job that trained it and its recorded tau as
 the reference; the organisation's thresholds. Another organisation's drafter id is a 404. Quotas apply
-(api/usage.py). A worker that dies mid-audit stops heartbeating; `take_over_stale_audits` puts the audit back
-in the queue (at most `MAX_ATTEMPTS` times).
+(api/usage.py), and an active audit takes a slot of the organisation's active-work limit, counted with its jobs
+under the same organisation lock (api/jobs.py lock_org_and_count_active). A worker that dies mid-audit stops
+heartbeating; `take_over_stale_audits` puts the audit back in the queue (at most `MAX_ATTEMPTS` times).
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from api.drafters import get_drafter_for_org
-from api.jobs import parse_spec, uploaded_prompt_count
+from api.jobs import lock_org_and_count_active, parse_spec, refuse_if_full, uploaded_prompt_count
 from api.models import Audit, Job, Organisation, new_id, utcnow
-from domain.errors import NotFound, ServiceUnavailable
+from domain.errors import InvalidTransition, NotFound, ServiceUnavailable
 from api.redaction import redact_text
 from api.settings import Settings
 from api.storage_scope import check_spec_storage
@@ -67,6 +70,8 @@ def create_audit(session: Session, settings: Settings, queue, *, org_id: str, sp
         uploaded_prompt_count(session, org_id, spec.data.source)  # 422 unless it is one of the org's files
     full = resolved(spec, **defaults)
     check_spec_storage(session, settings, org_id, full)  # the drafter, target and prompts: only the org's own
+    org, active = lock_org_and_count_active(session, org_id)  # held until the insert commits: no burst gets past
+    refuse_if_full(org, active, settings)
     check_quota(session, org, settings, what="audit")
     row = Audit(id=new_id(AUDIT_ID_PREFIX), org_id=org_id, status="queued", spec=full.model_dump(mode="json"),
                 drafter_ref=spec.drafter, drafter_id=drafter_id, target_uri=spec.target.uri, attempts=0)
@@ -87,10 +92,28 @@ def create_audit(session: Session, settings: Settings, queue, *, org_id: str, sp
     return row
 
 
-def get_audit_for_org(session: Session, org_id: str, audit_id: str) -> Audit:
-    row = session.scalar(select(Audit).where(Audit.id == audit_id, Audit.org_id == org_id))
+def get_audit_for_org(session: Session, org_id: str, audit_id: str, *, lock: bool = False) -> Audit:
+    query = select(Audit).where(Audit.id == audit_id, Audit.org_id == org_id)
+    row = session.scalar(query.with_for_update() if lock else query)
     if row is None:
         raise NotFound(f"no audit {audit_id!r} in your organisation")
+    return row
+
+
+def cancel_audit(session: Session, org_id: str, audit_id: str) -> Audit:
+    """A queued audit ends cancelled at once (the worker's claim then finds nothing to run); a running one becomes
+    `cancelling` until its worker notices at the next heartbeat and stops. Cancelling twice is not an error."""
+    row = get_audit_for_org(session, org_id, audit_id, lock=True)
+    if row.status in ("cancelling", "cancelled"):
+        return row
+    if row.status in ("succeeded", "failed"):
+        raise InvalidTransition(f"audit {row.id} already {row.status}; there is nothing to cancel",
+                                extra={"audit_status": row.status})
+    if row.status == "queued":
+        row.status, row.finished_at = "cancelled", utcnow()
+    else:
+        row.status = "cancelling"
+    session.commit()
     return row
 
 
@@ -120,11 +143,26 @@ def claim_audit(session: Session, audit_id: str, worker_id: str) -> Audit | None
 
 
 def audit_heartbeat(session: Session, audit_id: str, worker_id: str) -> bool:
-    beat = session.execute(update(Audit).where(Audit.id == audit_id, Audit.status == "running",
+    """Keep this worker's attempt visibly alive. False when the worker should stop: a cancellation was requested
+    (the beat goes on, so the reaper leaves the audit to its live worker), or the audit is no longer this worker's."""
+    beat = session.execute(update(Audit).where(Audit.id == audit_id, Audit.status.in_(("running", "cancelling")),
                                                Audit.worker_id == worker_id)
                            .values(heartbeat_at=utcnow()).execution_options(synchronize_session=False)).rowcount
     session.commit()
-    return beat > 0
+    if not beat:
+        return False
+    return session.scalar(select(Audit.status).where(Audit.id == audit_id)) == "running"
+
+
+def acknowledge_audit_cancellation(session: Session, audit_id: str, worker_id: str | None = None) -> bool:
+    """cancelling -> cancelled, by the worker that stopped (or, `worker_id` None, the reaper for a dead one)."""
+    query = update(Audit).where(Audit.id == audit_id, Audit.status == "cancelling")
+    if worker_id is not None:
+        query = query.where(Audit.worker_id == worker_id)
+    done = session.execute(query.values(status="cancelled", finished_at=utcnow())
+                           .execution_options(synchronize_session=False)).rowcount
+    session.commit()
+    return done > 0
 
 
 def finish_audit(session: Session, audit_id: str, worker_id: str, result: dict[str, Any], *,
@@ -135,6 +173,8 @@ def finish_audit(session: Session, audit_id: str, worker_id: str, result: dict[s
                 target_revision=target_revision, finished_at=utcnow(), error_code=None, error_message=None)
         .execution_options(synchronize_session=False)).rowcount
     session.commit()
+    if not done:  # cancelled while the last prompts ran: the user's request wins over the result
+        acknowledge_audit_cancellation(session, audit_id, worker_id)
     return done > 0
 
 
@@ -146,15 +186,20 @@ def fail_audit(session: Session, audit_id: str, worker_id: str, *, code: str, me
                 target_revision=target_revision)
         .execution_options(synchronize_session=False)).rowcount
     session.commit()
+    if not done:  # cancelled meanwhile: it ends cancelled, not failed
+        acknowledge_audit_cancellation(session, audit_id, worker_id)
     return done > 0
 
 
 def take_over_stale_audits(session: Session, stale_after_seconds: float) -> list[str]:
     """Running audits without a heartbeat for `stale_after_seconds`: queued again (one caller wins each), or failed
-    after MAX_ATTEMPTS. Returns the ids to enqueue."""
+    after MAX_ATTEMPTS; cancelling ones whose worker went quiet end cancelled. Returns the ids to enqueue."""
     cutoff: datetime = utcnow() - timedelta(seconds=stale_after_seconds)
-    stale = session.execute(select(Audit.id, Audit.attempts).where(
-        Audit.status == "running", or_(Audit.heartbeat_at < cutoff, Audit.heartbeat_at.is_(None)))).all()
+    quiet = or_(Audit.heartbeat_at < cutoff, Audit.heartbeat_at.is_(None))
+    session.execute(update(Audit).where(Audit.status == "cancelling", quiet)
+                    .values(status="cancelled", finished_at=utcnow()).execution_options(synchronize_session=False))
+    session.commit()
+    stale = session.execute(select(Audit.id, Audit.attempts).where(Audit.status == "running", quiet)).all()
     requeue = []
     for audit_id, attempts in stale:
         if attempts >= MAX_ATTEMPTS:
@@ -163,8 +208,7 @@ def take_over_stale_audits(session: Session, stale_after_seconds: float) -> list
         else:
             values = {"status": "queued", "worker_id": None}
         claimed = session.execute(
-            update(Audit).where(Audit.id == audit_id, Audit.status == "running",
-                                or_(Audit.heartbeat_at < cutoff, Audit.heartbeat_at.is_(None)))
+            update(Audit).where(Audit.id == audit_id, Audit.status == "running", quiet)
             .values(**values).execution_options(synchronize_session=False)).rowcount
         session.commit()
         if claimed and values["status"] == "queued":

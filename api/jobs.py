@@ -4,7 +4,8 @@ Admission order matters and is the same on both databases:
 1. lock the organisation row (an UPDATE: row lock on PostgreSQL, write lock on SQLite), so two
    creates for one organisation are serialised;
 2. replay an earlier job with the same Idempotency-Key (same body) or refuse a different body;
-3. refuse when the organisation's active jobs have reached its limit;
+3. refuse when the organisation's active work (jobs and drift audits, which share the GPU queue) has reached
+   its limit;
 4. insert, commit, and only then enqueue, so the worker never receives an id it cannot read.
 If enqueueing fails the committed job is marked failed (`enqueue_failed`) and can be resumed.
 """
@@ -24,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from api.drafters import check_warm_start
 from api.events import append_event
-from api.models import Job, JobLabel, Organisation, PromptFile, StageRun, new_id, utcnow
+from api.models import Audit, Job, JobLabel, Organisation, PromptFile, StageRun, new_id, utcnow
 from domain.errors import (
     FieldError,
     IdempotencyConflict,
@@ -143,24 +144,56 @@ def lock_organisation(session: Session, org_id: str) -> Organisation:
     return org
 
 
-def _lock_org_and_count_active(session: Session, org_id: str) -> tuple[Organisation, int]:
-    """Serialise admissions for one organisation until commit, and count its active jobs."""
+AUDIT_ACTIVE_STATUSES = ("queued", "running", "cancelling")
+"""An audit in one of these holds a slot of the organisation's active-work limit (api/audits.py)."""
+
+
+@dataclass
+class ActiveWork:
+    jobs: int
+    audits: int
+
+    @property
+    def total(self) -> int:
+        return self.jobs + self.audits
+
+
+def lock_org_and_count_active(session: Session, org_id: str) -> tuple[Organisation, ActiveWork]:
+    """Serialise admissions (jobs, resumes and audits) for one organisation until commit, and count its active work.
+    Audits count too: each is a GPU task, and without a limit a burst of them filled the queue (issue 32)."""
     org = lock_organisation(session, org_id)
-    active = session.scalar(
+    jobs = session.scalar(
         select(func.count()).select_from(Job).where(Job.org_id == org_id, Job.status.in_(list(ACTIVE_STATUSES)))
     )
-    return org, int(active or 0)
+    audits = session.scalar(
+        select(func.count()).select_from(Audit).where(Audit.org_id == org_id,
+                                                     Audit.status.in_(AUDIT_ACTIVE_STATUSES))
+    )
+    return org, ActiveWork(int(jobs or 0), int(audits or 0))
 
 
-def _refuse_if_full(org: Organisation, active: int, settings: Settings) -> None:
+def refuse_if_full(org: Organisation, active: ActiveWork, settings: Settings) -> None:
     limit = org.max_concurrent_jobs or settings.default_max_concurrent_jobs
-    if active >= limit:
+    if active.total >= limit:
         raise TooManyActiveJobs(
-            f"organisation {org.name!r} already has {active} active jobs (limit {limit}); "
-            "wait for one to finish or cancel one, then retry",
+            f"organisation {org.name!r} already has {active.jobs} active jobs and {active.audits} active audits "
+            f"(limit {limit}, counted together); wait for one to finish or cancel one "
+            "(POST /v1/jobs/{id}/cancel or /v1/audits/{id}/cancel), then retry",
             retry_after_seconds=60,
-            extra={"active_jobs": active, "limit": limit},
+            extra={"active_jobs": active.jobs, "active_audits": active.audits, "limit": limit},
         )
+
+
+def check_job_spec(session: Session, settings: Settings, org_id: str, spec: JobSpec) -> int | None:
+    """Every refusal of a spec that depends on the organisation, for job creation and the estimate alike (one
+    function, so an estimate is never given for a job that would be refused): its uploaded file, the secrets it
+    names, its URIs, its warm start. Returns the uploaded file's prompt count (data.source = file-...), else None."""
+    uploaded = uploaded_prompt_count(session, org_id, spec.data.source) if spec.data.source.startswith("file-") \
+        else None
+    check_referenced_secrets(session, org_id, spec)  # publish[].credentials_secret / token_secret it has stored
+    check_spec_storage(session, settings, org_id, spec)  # URIs into Draftsmith's own storage: only the org's own
+    check_warm_start(session, org_id, spec)  # another organisation's drafter: 404; another shape: 422
+    return uploaded
 
 
 @dataclass
@@ -180,13 +213,8 @@ def create_job(
 ) -> CreatedJob:
     _check_idempotency_key(idempotency_key)
     request_hash = hashlib.sha256(spec.canonical_json().encode()).hexdigest()
-    if spec.data.source.startswith("file-"):
-        uploaded_prompt_count(session, org_id, spec.data.source)
-
-    check_referenced_secrets(session, org_id, spec)
-    check_spec_storage(session, settings, org_id, spec)  # URIs into Draftsmith's own storage: only the org's own
-    check_warm_start(session, org_id, spec)  # another organisation's drafter: 404; another shape: 422
-    org, active = _lock_org_and_count_active(session, org_id)  # before the idempotency lookup
+    check_job_spec(session, settings, org_id, spec)
+    org, active = lock_org_and_count_active(session, org_id)  # before the idempotency lookup
     if idempotency_key is not None:
         existing = session.scalar(select(Job).where(Job.org_id == org_id, Job.idempotency_key == idempotency_key))
         if existing is not None:
@@ -199,7 +227,7 @@ def create_job(
                     extra={"job_id": known_id},
                 )
             return CreatedJob(existing, replayed=True)
-    _refuse_if_full(org, active, settings)
+    refuse_if_full(org, active, settings)
     check_quota(session, org, settings, what="job")
 
     job = Job(
@@ -269,8 +297,8 @@ def resume_job(
             f"job {job.id} is {job.status}; only failed or cancelled jobs can be resumed",
             extra={"job_status": job.status},
         )
-    org, active = _lock_org_and_count_active(session, org_id)
-    _refuse_if_full(org, active, settings)
+    org, active = lock_org_and_count_active(session, org_id)
+    refuse_if_full(org, active, settings)
     check_quota(session, org, settings, what="resume")
     resume_at = next_stage(session, job.id)
     previous_error = job.error_code

@@ -381,7 +381,7 @@ class Audit(Base):
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("aud_"))
     org_id: Mapped[str] = mapped_column(ForeignKey("organisations.id", ondelete="CASCADE"), index=True)
-    status: Mapped[str] = mapped_column(String(16))  # queued|running|succeeded|failed
+    status: Mapped[str] = mapped_column(String(16))  # queued|running|succeeded|failed|cancelling|cancelled
     spec: Mapped[dict[str, Any]]  # the audit as admitted, every default resolved (schemas/audit.py)
     drafter_ref: Mapped[str] = mapped_column(String(2048))
     drafter_id: Mapped[str | None] = mapped_column(ForeignKey("drafters.id", ondelete="SET NULL"))

@@ -325,7 +325,7 @@ class AuditError(BaseModel):
 class AuditOut(BaseModel):
     id: str
     object: Literal["audit"] = "audit"
-    status: Literal["queued", "running", "succeeded", "failed"]
+    status: Literal["queued", "running", "succeeded", "failed", "cancelling", "cancelled"]
     drafter: str = Field(description="The drafter audited, as given (an id or a URI).")
     drafter_id: str | None
     target_uri: str

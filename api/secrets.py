@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from api.models import OrgSecret, utcnow
 from domain.errors import FieldError, InvalidRequest, NotFound
 from api.settings import Settings
+from api.storage_scope import s3_secret_problems
 from schemas.job_spec import SECRET_NAME_PATTERN, JobSpec
 
 MAX_SECRET_BYTES = 16 * 1024
@@ -54,6 +55,7 @@ def put_secret(session: Session, settings: Settings, org_id: str, name: str, val
     if not value or len(value.encode()) > MAX_SECRET_BYTES:
         raise InvalidRequest(f"a secret value is 1 to {MAX_SECRET_BYTES} bytes",
                              errors=[FieldError(field="value", message=f"1 to {MAX_SECRET_BYTES} bytes")])
+    check_s3_secret_value(settings, value)
     ciphertext = _fernet(settings).encrypt(value.encode()).decode()
     # One statement, decided by the database: concurrent PUTs of one name each store or replace it (the last
     # wins), instead of two inserts racing into the primary key (issue 20: 20 concurrent PUTs gave two 500s).
@@ -67,6 +69,22 @@ def put_secret(session: Session, settings: Settings, org_id: str, name: str, val
     # (Deleted again in between by a concurrent DELETE: report what this request stored.)
     return session.get(OrgSecret, (org_id, name), populate_existing=True) or OrgSecret(
         org_id=org_id, name=name, ciphertext=ciphertext, created_at=now, updated_at=now)
+
+
+def check_s3_secret_value(settings: Settings, value: str) -> None:
+    """A value that is a JSON object is S3 credentials (a Hub token never is): refused now (422 naming
+    `value.<field>` and the fix) when the worker would refuse it before every use (api/storage_scope.py
+    `s3_secret_problems`: above all an endpoint that reaches Draftsmith's own storage, issue 32)."""
+    try:
+        given = json.loads(value)
+    except ValueError:
+        return
+    if not isinstance(given, dict):
+        return
+    errors = [FieldError(field=f"value.{field}", message=message)
+              for field, message in s3_secret_problems(given, settings)]
+    if errors:
+        raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors)
 
 
 def list_secrets(session: Session, org_id: str) -> list[OrgSecret]:

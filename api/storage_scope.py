@@ -11,7 +11,9 @@ fetch and every publish, since specs are stored (a row can be edited) and a work
   the deployment's endpoint: the bucket in any case; virtual-host spellings (`bucket.s3.amazonaws.com`,
   `bucket.<endpoint host>`, as a bucket name or as an endpoint); a path-style spelling
   (`s3://<endpoint host>/<bucket>/...`); an alias of the endpoint (another name or address of the same server;
-  any AWS S3 endpoint when the deployment is on AWS, where bucket names are global). A `file://` URI reaches it
+  any AWS S3 endpoint when the deployment is on AWS, where bucket names are global; every spelling of a host, numeric
+  IPv4 forms and IPv4-in-IPv6 included: domain/s3_endpoints.py); through the path of the endpoint it is sent to
+  (botocore puts that path before the bucket). A `file://` URI reaches it
   when the path resolves (symbolic links included) into the local storage root. Readings are taken together:
   one that lands in the deployment's storage decides.
 - Such a URI is accepted for *reading* only when it is spelled plainly (the storage prefix, then segments of
@@ -31,6 +33,9 @@ organisation is the operator). An organisation reads its own buckets
 with its own secret: the one a publish destination names (`credentials_secret`), else a secret named
 `s3.<bucket>`, else one named `s3`; without one a read is anonymous (public buckets only) and a publish refused
 (`choose_access` is the order).
+A secret's own endpoint is judged too (`check_s3_endpoint`, issue 32), at PUT /v1/secrets and in the worker
+before every use: on the deployment's storage server, by any spelling, it may carry no path and may not name the
+deployment's bucket in its host, since either routes a request for another bucket into ours.
 
 The Hugging Face Hub (`choose_hub_access`) is an outside store of the same kind: the deployment's `hf_token` may
 read private repos, or write to namespaces, that no customer should reach through the service. A Hub request
@@ -45,11 +50,8 @@ and sends none as `token=False`, so huggingface_hub does not fall back to a toke
 
 from __future__ import annotations
 
-import functools
-import ipaddress
 import os
 import re
-import socket
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
@@ -57,8 +59,12 @@ from urllib.parse import unquote, urlsplit
 
 from api.settings import Settings
 from api.storage import check_key
-
-AWS_S3_HOST_RE = re.compile(r"^(?:[a-z0-9-]+\.)*s3(?:[.-][a-z0-9-]+)*\.amazonaws\.com(?:\.cn)?$")
+from domain.s3_endpoints import (
+    endpoint_path,
+    is_endpoint_host,
+    same_host,
+    virtual_host_label,
+)
 _SECRET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")  # schemas.job_spec.SECRET_NAME_PATTERN
 DEFAULT_S3_SECRET = "s3"
 DEFAULT_HUB_SECRET = "hf"
@@ -91,75 +97,6 @@ class DeploymentObject:
     key: str
 
 
-# --- endpoints ------------------------------------------------------------------------------------------------
-
-
-def _host_port(endpoint_url: str | None) -> tuple[str, int] | None:
-    """(host, port) of an endpoint URL; None for AWS (no endpoint configured, or any amazonaws.com host)."""
-    if not endpoint_url:
-        return None
-    parts = urlsplit(endpoint_url if "://" in endpoint_url else f"https://{endpoint_url}")
-    host = (parts.hostname or "").rstrip(".").lower()
-    if AWS_S3_HOST_RE.match(host) or host.endswith((".amazonaws.com", ".amazonaws.com.cn")):
-        return None
-    try:
-        port = parts.port or (80 if parts.scheme == "http" else 443)
-    except ValueError:
-        port = 443
-    return host, port
-
-
-@functools.lru_cache(maxsize=256)
-def _names_of(host: str) -> frozenset[str]:
-    """Every name we know an endpoint host by: itself, its addresses, and `localhost` for a loopback one.
-    Only endpoints from settings and organisation secrets are resolved, never a part of a user's URI."""
-    names = {host}
-    try:
-        names |= {str(info[4][0]).split("%", 1)[0] for info in socket.getaddrinfo(host, None)}
-    except (OSError, UnicodeError):
-        pass
-    for name in list(names):
-        try:
-            address = ipaddress.ip_address(name.strip("[]"))
-        except ValueError:
-            continue
-        names.add(str(address))
-        if address.is_loopback:
-            names |= {"localhost", "127.0.0.1", "::1"}
-    return frozenset(names)
-
-
-def same_endpoint(a: str | None, b: str | None) -> bool:
-    """Whether two endpoint URLs reach the same S3 service (aliases and addresses included)."""
-    ha, hb = _host_port(a), _host_port(b)
-    if ha is None or hb is None:
-        return ha is None and hb is None
-    return ha[1] == hb[1] and bool(_names_of(ha[0]) & _names_of(hb[0]))
-
-
-def _is_endpoint_host(name: str, endpoint_url: str | None) -> bool:
-    """Whether `name` (a part of a URI, never resolved) spells the host of `endpoint_url`, or any AWS S3 host
-    (S3-compatible servers that route by host take those too)."""
-    name = name.rstrip(".").lower()
-    if AWS_S3_HOST_RE.match(name):
-        return True
-    known = _host_port(endpoint_url)
-    return known is not None and name in _names_of(known[0])
-
-
-def _virtual_host_label(endpoint_url: str | None) -> str | None:
-    """The bucket a virtual-host style endpoint (`http://<bucket>.<server>`) names in its host, if it could."""
-    host = (urlsplit(endpoint_url if endpoint_url and "://" in endpoint_url else f"https://{endpoint_url}").hostname
-            or "") if endpoint_url else ""
-    try:
-        ipaddress.ip_address(host)
-        return None
-    except ValueError:
-        pass
-    label, dot, _ = host.rstrip(".").partition(".")
-    return label.lower() if dot and label else None
-
-
 # --- readings of an s3:// URI -----------------------------------------------------------------------------------
 
 
@@ -167,14 +104,17 @@ def _s3_readings(bucket: str, key: str, endpoint_url: str | None) -> list[tuple[
     """The (bucket, key) pairs an S3-compatible server at `endpoint_url` might take `s3://bucket/key` for."""
     readings = [(bucket, key)]
     for index, char in enumerate(bucket):  # `name.<endpoint host>` spelled as a bucket: virtual-host style
-        if char == "." and _is_endpoint_host(bucket[index + 1:], endpoint_url):
+        if char == "." and is_endpoint_host(bucket[index + 1:], endpoint_url):
             readings.append((bucket[:index], key))
-    if _is_endpoint_host(bucket, endpoint_url):  # `s3://<endpoint host>/<bucket>/key`: path style
+    if is_endpoint_host(bucket, endpoint_url):  # `s3://<endpoint host>/<bucket>/key`: path style
         first, _, rest = key.lstrip("/").partition("/")
         readings.append((first, rest))
-    label = _virtual_host_label(endpoint_url)
+    path = endpoint_path(endpoint_url)
+    if path:  # an endpoint with a path: the request goes to /<path>/<bucket>/<key>, its first segment the bucket
+        readings.append((path[0], "/".join([*path[1:], bucket, key])))
+    label = virtual_host_label(endpoint_url)
     if label is not None:  # the endpoint itself virtual-host style: `http://<bucket>.<server>` + path /bucket/key
-        readings.append((label, f"{bucket}/{key}"))
+        readings.append((label, "/".join([*path, bucket, key])))
     return readings
 
 
@@ -214,8 +154,10 @@ def _check_s3(uri: str, settings: Settings, tenant: Tenant, *, write: bool,
     storage_bucket, prefix = deployment
     bucket, _, key = uri.removeprefix("s3://").partition("/")
     endpoints = [settings.s3_endpoint_url]  # the API's view, always (it cannot see a secret's endpoint)
-    if endpoint_url is not None and not same_endpoint(endpoint_url, settings.s3_endpoint_url):
-        endpoints.append(endpoint_url)  # the endpoint this fetch really goes to: its own aliases count too
+    if endpoint_url is not None and endpoint_url != settings.s3_endpoint_url:
+        # The endpoint this fetch really goes to: its own aliases, bucket label and path count too, even when it is
+        # another spelling of the deployment's server (`http://<bucket>.localhost` is the same host, read otherwise).
+        endpoints.append(endpoint_url)
     hits = {(b, k) for endpoint in endpoints for b, k in _s3_readings(bucket, key, endpoint)
             if b.lower() == storage_bucket.lower()}
     if not hits:
@@ -231,6 +173,70 @@ def _check_s3(uri: str, settings: Settings, tenant: Tenant, *, write: bool,
         raise StorageScopeError(f"{uri} lies in Draftsmith's own bucket outside its storage prefix; only "
                                 f"s3://{storage_bucket}/{prefix}/ + {OWN_PREFIXES_HINT} is reachable")
     return DeploymentObject(_own_key(key[len(prefix) + 1:] if prefix else key, tenant, uri))
+
+
+# --- an organisation's own S3 endpoint (issue 32) ---------------------------------------------------------------
+
+S3_SECRET_SHAPE = '{"access_key_id", "secret_access_key", "endpoint_url"?, "region"?}'
+_REGION_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$")  # botocore's own region rule
+
+
+def check_s3_endpoint(endpoint_url: str, settings: Settings) -> None:
+    """Refuse (StorageScopeError, with the fix) an S3 secret's endpoint that reaches the deployment's storage in a
+    way the URI rule cannot see. botocore keeps an endpoint's path and appends `/<bucket>/<key>`: the endpoint
+    `http://<storage host>/<storage bucket>` makes `s3://<prefix>/files/<org A>/x` read A's upload. The rule:
+    on the host of the deployment's storage (any spelling: domain/s3_endpoints.py; any port, since another port
+    of that machine may be a proxy in front of the same store; any AWS host when the deployment is on AWS) an
+    endpoint has no path and does not name the deployment's bucket virtual-host style. Paths stay allowed on
+    other hosts (some S3-compatible services live under one, e.g. `https://<project>.supabase.co/storage/v1/s3`),
+    where they cannot lead into our bucket; the URI readings (`_s3_readings`) still count a path's first
+    segment as a bucket, wherever the endpoint is."""
+    parts = urlsplit(endpoint_url)
+    try:
+        port_ok = parts.port is None or 0 < parts.port
+    except ValueError:  # not a number, or above 65535
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise StorageScopeError(f"endpoint_url {endpoint_url!r} is not an S3 endpoint; write it as "
+                                "https://host[:port]")
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        raise StorageScopeError(f"endpoint_url {endpoint_url!r} carries user info, a query or a fragment; write it "
+                                "as https://host[:port] and put the keys in access_key_id and secret_access_key")
+    plain = f"{parts.scheme}://{parts.netloc}"
+    if same_host(endpoint_url, settings.s3_endpoint_url) and endpoint_path(endpoint_url):
+        raise StorageScopeError(
+            f"endpoint_url {endpoint_url!r} points at the server of Draftsmith's own storage with a path; S3 clients "
+            "put an endpoint's path before every bucket and key, so there it could reach another organisation's "
+            f"objects. Remove the path ({plain}) and name your bucket in the s3:// URI")
+    deployment = _deployment_bucket(settings)
+    label = virtual_host_label(endpoint_url)
+    rest = (parts.hostname or "").partition(".")[2]
+    if deployment and label == deployment[0].lower() and rest and same_host(f"{parts.scheme}://{rest}",
+                                                                              settings.s3_endpoint_url):
+        raise StorageScopeError(
+            f"endpoint_url {endpoint_url!r} names Draftsmith's own bucket in its host; its objects are not "
+            f"reachable with an organisation's credentials. Use your own server's endpoint (https://host[:port])")
+
+
+def s3_secret_problems(given: dict, settings: Settings) -> list[tuple[str, str]]:
+    """What is wrong with an S3 secret's JSON, as (field of the value, message with the fix); [] when usable.
+    The API asks at PUT /v1/secrets, the worker again before every use (a secret stored before this rule, or a
+    deployment whose storage moved since)."""
+    problems = [(field, f"required: a non-empty string; an S3 secret is {S3_SECRET_SHAPE}")
+                for field in ("access_key_id", "secret_access_key")
+                if not isinstance(given.get(field), str) or not given.get(field)]
+    endpoint = given.get("endpoint_url")
+    if not isinstance(endpoint, str | None):
+        problems.append(("endpoint_url", "a string: https://host[:port] of your S3-compatible server"))
+    elif endpoint:
+        try:
+            check_s3_endpoint(endpoint, settings)
+        except StorageScopeError as exc:
+            problems.append(("endpoint_url", str(exc)))
+    region = given.get("region")
+    if region not in (None, "") and not (isinstance(region, str) and _REGION_RE.match(region)):
+        problems.append(("region", "a region name such as us-east-1: letters, digits and '-', at most 63"))
+    return problems
 
 
 # --- file:// ----------------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ API sends).
     celery -A worker.app worker -Q draftsmith.gpu,draftsmith.cpu      # what `draftsmith worker` runs
 
 Settings for hour-long GPU work: a task is acknowledged only when it ends (acks_late) and put back if its
-process dies (reject_on_worker_lost); each process takes one task at a time (prefetch 1); Redis redelivers
+process dies (reject_on_worker_lost); each process takes one task at a time, and a busy worker reserves nothing
+(disable_prefetch, below), so a job queued behind it goes to an idle worker; Redis redelivers
 an unacknowledged task only after `broker_visibility_timeout_seconds`, longer than any stage. Liveness is
 decided by the database heartbeat instead: every worker runs a reaper thread that re-queues jobs whose
 worker went quiet (take_over_stale_jobs), so a killed machine's job resumes within minutes, not hours.
@@ -29,6 +30,7 @@ from worker.runner import run_job
 
 log = logging.getLogger("draftsmith.worker")
 RETRY_BACKOFF_SECONDS = (10, 30, 90, 270)
+REDIS_SCHEMES = ("redis", "rediss", "redis+socket", "sentinel")
 HANDOVER_RETRY = {"max_retries": 60, "interval_start": 1, "interval_step": 1, "interval_max": 5}
 
 _settings = load_settings()
@@ -40,6 +42,12 @@ app.conf.update(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
+    # Prefetch 1 with acks_late is not enough on Redis: after a broker reconnect the running task's message no
+    # longer counts against the new channel's window, and a busy worker reserved the next job for the length of
+    # its own (issue 32: jobs waited 20 minutes while an idle worker ran a later one). With this, a worker fetches
+    # only while it has fewer reserved tasks than processes (celery/worker/consumer/tasks.py). Redis only: Celery
+    # ignores it, with a warning, on another transport (the embedded file broker has one worker).
+    worker_disable_prefetch=_settings.broker_url.partition("://")[0] in REDIS_SCHEMES,
     task_ignore_result=True,  # the job row holds the truth, not a result backend
     broker_connection_retry_on_startup=True,  # a worker may start before its broker
     broker_connection_max_retries=None,

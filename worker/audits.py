@@ -5,6 +5,10 @@
     trainer.audit.run_audit: the function `draftsmith audit` runs locally
     succeeded with the report and recommendation | failed with the error's code and message
 
+A cancellation (POST /v1/audits/{id}/cancel) is seen by the heartbeat; the next progress call of the measurement
+(between prompts, batches and draws: seconds apart) raises StageInterrupted, the way a job's validate stage stops
+(trainer/pipeline.py), and the audit ends cancelled. A fetch in progress runs to its end first.
+
 A bad input (an unreachable checkpoint, an incompatible drafter, a bad prompts file) fails the audit with a
 message naming it. An infrastructure error (database, broker, storage unreachable) leaves the audit running
 without a heartbeat: the reaper queues it again (api/audits.py take_over_stale_audits). The compute and tokens
@@ -19,10 +23,17 @@ import time
 
 from sqlalchemy import select
 
-from api.audits import audit_heartbeat, claim_audit, fail_audit, finish_audit, record_audit_usage
+from api.audits import (
+    acknowledge_audit_cancellation,
+    audit_heartbeat,
+    claim_audit,
+    fail_audit,
+    finish_audit,
+    record_audit_usage,
+)
 from api.models import PromptFile
 from schemas.audit import AuditSpec
-from trainer.errors import DraftsmithError
+from trainer.errors import DraftsmithError, StageInterrupted
 from worker.context import WorkerContext
 from worker.drafters import resolve_drafter
 from worker.errors import infrastructure_errors, storage_refusal
@@ -32,18 +43,28 @@ log = logging.getLogger("draftsmith.worker")
 
 
 class _Heartbeat(threading.Thread):
+    """Beats every DRAFTSMITH_WORKER_HEARTBEAT_SECONDS; `stop_requested` once the audit was cancelled or is no
+    longer this worker's, which the measurement's progress hook turns into StageInterrupted."""
+
     def __init__(self, ctx: WorkerContext, audit_id: str):
         super().__init__(name=f"heartbeat-{audit_id}", daemon=True)
         self.ctx, self.audit_id, self.done = ctx, audit_id, threading.Event()
+        self.stop_requested = threading.Event()
 
     def run(self) -> None:
         with self.ctx.session_factory() as session:
             while not self.done.wait(self.ctx.settings.worker_heartbeat_seconds):
                 try:
-                    audit_heartbeat(session, self.audit_id, self.ctx.worker_id)
+                    if not audit_heartbeat(session, self.audit_id, self.ctx.worker_id):
+                        self.stop_requested.set()
                 except Exception:  # a blip; the next beat tries again
                     session.rollback()
                     log.warning("heartbeat for audit %s failed", self.audit_id, exc_info=True)
+
+    def check(self, done: int = 0, total: int = 0, detail: str = "") -> None:
+        """The measurement's `on_progress`: called between units of work, it is where a cancellation stops it."""
+        if self.stop_requested.is_set():
+            raise StageInterrupted(f"audit {self.audit_id} stopped on request ({detail or 'between fetches'})")
 
 
 def run_audit(ctx: WorkerContext, audit_id: str) -> str:

@@ -40,6 +40,7 @@ from api.storage_scope import (
     choose_hub_access,
     choose_s3_access,
     file_uri_path,
+    s3_secret_problems,
     tenant_for,
 )
 from schemas.bounds import resolved_path_within_roots
@@ -107,6 +108,13 @@ def open_s3(uri: str, settings: Settings, caller: Caller, *, what: str, write: b
             register_secret_values(raw)  # kept out of every log line of this process
             credentials = parse_s3_credentials(raw, access.secret)
             register_secret_values(credentials["secret_access_key"])
+            # The secret's endpoint, judged before every use: one stored before the rule (issue 32), or since the
+            # deployment's storage moved, must not route this request into Draftsmith's own bucket.
+            problems = s3_secret_problems(credentials, settings)
+            if problems:
+                field, problem = problems[0]
+                raise StorageScopeError(f"{uri}: your secret {access.secret!r}, {field}: {problem} (store it again "
+                                        f"with PUT /v1/secrets/{access.secret})")
             # Judged again at the endpoint this request really goes to: an alias of ours counts as ours.
             check_storage_uri(uri, settings, tenant, write=write, endpoint_url=credentials["endpoint_url"])
         except StorageScopeError as exc:

@@ -8,7 +8,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from api.audits import create_audit, get_audit_for_org, list_audits, organisation_thresholds, parse_audit_spec
+from api.audits import (
+    cancel_audit,
+    create_audit,
+    get_audit_for_org,
+    list_audits,
+    organisation_thresholds,
+    parse_audit_spec,
+)
 from api.deps import AdminPrincipal, ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
 from api.models import Organisation
 from domain.errors import FieldError, InvalidRequest
@@ -33,7 +40,8 @@ async def audit_spec_body(request: Request, services: ServicesDep) -> AuditSpec:
     "sample: compatibility (hidden size, vocabulary, taps, fingerprint), the lossless checks, tau overall, per "
     "position and per category, and a recommendation (keep, warm_start, retrain) by the organisation's "
     "thresholds. Runs on a worker in minutes; poll `GET /v1/audits/{id}`. An incompatible drafter or an "
-    "unreachable checkpoint ends the audit `failed` with an error naming the mismatch.",
+    "unreachable checkpoint ends the audit `failed` with an error naming the mismatch. An active audit counts "
+    "against the organisation's limit on active work, together with its jobs (429 `concurrency-limit`).",
     openapi_extra=AUDIT_SPEC_BODY, responses=problem_responses(401, 403, 404, 413, 422, 429, 503))
 def create(principal: WritePrincipal, session: SessionDep, services: ServicesDep, response: Response,
            spec: Annotated[AuditSpec, Depends(audit_spec_body)]) -> AuditOut:
@@ -60,6 +68,16 @@ def list_(principal: ReadPrincipal, session: SessionDep,
             responses=problem_responses(401, 403, 404))
 def get(principal: ReadPrincipal, session: SessionDep, audit_id: str) -> AuditOut:
     return audit_out(get_audit_for_org(session, principal.org_id, audit_id))
+
+
+@router.post(
+    "/v1/audits/{audit_id}/cancel", response_model=AuditOut, summary="Cancel an audit",
+    description="A queued audit is cancelled at once and never starts; a running one becomes `cancelling` until its "
+    "worker stops, within seconds, and then `cancelled`. Cancelling a cancelling/cancelled audit is a no-op; a "
+    "finished one (succeeded, failed) answers 409 `invalid-transition`.",
+    responses=problem_responses(401, 403, 404, 409))
+def cancel(principal: WritePrincipal, session: SessionDep, audit_id: str) -> AuditOut:
+    return audit_out(cancel_audit(session, principal.org_id, audit_id))
 
 
 @router.get("/v1/audit-thresholds", response_model=AuditThresholds, summary="The organisation's audit thresholds",

@@ -12,17 +12,16 @@ from api.estimates import GPU_CLASSES, estimate_job
 from api.jobs import (
     JOB_ID_RE,
     cancel_job,
+    check_job_spec,
     create_job,
     get_job_for_org,
     list_jobs,
     parse_job_spec,
     resume_job,
-    uploaded_prompt_count,
 )
 from domain.errors import FieldError, InvalidRequest
 from api.problems import problem_responses
 from api.schemas import EstimateOut, JobList, JobOut
-from api.storage_scope import check_spec_storage
 from api.views import jobs_to_out
 from schemas.bounds import TARGET_PARAMETERS_BILLION_RANGE
 from schemas.job_spec import JobSpec
@@ -140,11 +139,8 @@ def estimate(
               description="Target size in billions of parameters; default from the bundled table or model name."),
     ] = None,
 ) -> EstimateOut:
-    # The job would be refused for these; so is its estimate (and an uploaded file is counted, not guessed).
-    check_spec_storage(session, services.settings, principal.org_id, spec)
-    uploaded = None
-    if spec.data.source.startswith("file-"):
-        uploaded = uploaded_prompt_count(session, principal.org_id, spec.data.source)
+    # Whatever would refuse the job refuses its estimate (and an uploaded file is counted, not guessed).
+    uploaded = check_job_spec(session, services.settings, principal.org_id, spec)
     return estimate_job(spec, gpu_class=gpu_class, gpu_count=gpu_count,
                         target_parameters_billion=target_parameters_billion, uploaded_prompts=uploaded)
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from api.main import create_app
-from api.models import OrgSecret, Webhook
+from api.models import Audit, Job, OrgSecret, Webhook
 from api.routes.webhooks import MAX_WEBHOOKS_PER_ORG
 from api.secrets import secret_value
 from api_harness import Harness, build_harness, make_settings
@@ -73,6 +73,30 @@ def test_concurrent_webhook_creates_stop_at_the_limit(server):
     with harness.services.session_factory() as session:
         stored = session.scalar(select(func.count()).select_from(Webhook).where(Webhook.org_id == org.org_id))
     assert stored == MAX_WEBHOOKS_PER_ORG
+
+
+def test_concurrent_audits_and_jobs_stop_at_the_active_work_limit(server):
+    """Issue 32: 30 concurrent audits from an organisation limited to 4 active jobs all got 201 and went to the GPU
+    queue. Audits now count with jobs under the organisation's lock: exactly the limit is admitted."""
+    harness, base = server
+    org = harness.new_org(limit=4)
+    audit = {"drafter": "hf://acme/drafter", "target": {"uri": "bundled:smollm2-135m"}}
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=base, headers=org.headers, timeout=60) as client:
+            return list(await asyncio.gather(*(
+                client.post("/v1/audits", json=audit) if i % 3 else client.post("/v1/jobs", json=MINIMAL)
+                for i in range(30))))
+
+    responses = asyncio.run(burst())
+    assert sorted(r.status_code for r in responses) == [201] * 4 + [429] * 26, [r.text for r in responses]
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.json()["type"].endswith("concurrency-limit") and int(refused.headers["retry-after"]) > 0
+    with harness.services.session_factory() as session:  # nothing refused was stored, nor sent to a worker
+        stored = set(session.scalars(select(Job.id).where(Job.org_id == org.org_id))) | set(
+            session.scalars(select(Audit.id).where(Audit.org_id == org.org_id)))
+    assert stored == {r.json()["id"] for r in responses if r.status_code == 201}
+    assert len(stored & {args[0] for _, args in harness.services.queue.sent}) == 4
 
 
 async def _trickle(port: int, path: str, headers: str, *, byte_every: float) -> str:

@@ -51,3 +51,22 @@ def test_jobs_name_secrets_and_never_carry_them(harness):
     inline = {**MINIMAL, "publish": [{"kind": "hf", "repo": "acme/drafter", "token": TOKEN}]}
     response = harness.client.post("/v1/jobs", json=inline, headers=org.headers)
     assert response.status_code == 422 and TOKEN not in response.text
+
+
+def test_the_estimate_checks_secret_references_as_job_creation_does(harness):
+    """Issue 32 item 6's neighbour: one check (api/jobs.py check_job_spec) for both, so an estimate is never given
+    for a job that would be refused for naming a secret the organisation has not stored."""
+    org = harness.new_org()
+    for destination, field in (({"kind": "hf", "repo": "acme/drafter", "token_secret": "hub-token"}, "token_secret"),
+                               ({"kind": "s3", "uri": "s3://b-releases/d", "credentials_secret": "b-bucket"},
+                                "credentials_secret")):
+        body = {**MINIMAL, "publish": [destination]}
+        answers = [harness.client.post(path, json=body, headers=org.headers) for path in ("/v1/jobs/estimate",
+                                                                                           "/v1/jobs")]
+        for answer in answers:
+            assert answer.status_code == 422, answer.text
+            assert answer.json()["errors"][0]["field"] == f"publish.0.{field}"
+            assert f"PUT /v1/secrets/{destination[field]}" in answer.json()["errors"][0]["message"]
+    harness.client.put("/v1/secrets/hub-token", json={"value": TOKEN}, headers=org.headers)
+    stored = {**MINIMAL, "publish": [{"kind": "hf", "repo": "acme/drafter", "token_secret": "hub-token"}]}
+    assert harness.client.post("/v1/jobs/estimate", json=stored, headers=org.headers).status_code == 200

@@ -12,12 +12,14 @@ from api.settings import Settings
 from api.storage_scope import (
     StorageScopeError,
     Tenant,
+    check_s3_endpoint,
     check_storage_uri,
     choose_s3_access,
     refuse_link_loops,
-    same_endpoint,
+    s3_secret_problems,
 )
 from api_harness import TEST_SECRET_KEY
+from domain.s3_endpoints import same_endpoint
 
 A_JOB, B_JOB = "job_01J000000000000000000000AA", "job_01J000000000000000000000BB"
 BASE = "s3://draftsmith-storage/service"
@@ -134,3 +136,65 @@ def test_symbolic_link_loops_are_refused(tmp_path):
     with pytest.raises(StorageScopeError, match="links back"):
         refuse_link_loops(f"file://{model}")
     refuse_link_loops(f"file://{tmp_path}/not-here")  # the worker judges paths this machine does not have
+
+
+# --- issue 32 item 1: every spelling of the storage host, and a secret's endpoint path ------------------------------
+
+NUMERIC_LOOPBACK = ["127.1", "2130706433", "0x7f000001", "0177.0.0.1", "0x7f.1", "[::ffff:127.0.0.1]",
+                    "[::ffff:7f00:1]", "[::1]", "LOCALHOST.", "127.0.0.1.", "localhost:9000", "0.0.0.0", "127.0.0.2"]
+
+
+@pytest.mark.parametrize("host", NUMERIC_LOOPBACK)
+def test_every_spelling_of_the_storage_host_in_a_uri_is_the_storage_host(host, tmp_path):
+    # The deployment's endpoint is http://127.0.0.1:9000: each of these is that machine.
+    with pytest.raises(StorageScopeError, match="Draftsmith's own"):
+        check_storage_uri(f"s3://{host}/draftsmith-storage/service/files/org_A/f.jsonl", settings(tmp_path), B)
+    with pytest.raises(StorageScopeError, match="Draftsmith's own"):
+        check_storage_uri(f"s3://draftsmith-storage.{host.strip('[]')}/service/files/org_A/f.jsonl",
+                          settings(tmp_path), B)
+
+
+@pytest.mark.parametrize("endpoint", [
+    *(f"http://{host}/draftsmith-storage" for host in NUMERIC_LOOPBACK),  # the attack of issue 32, every spelling
+    "http://127.0.0.1:9000/draftsmith-storage/",
+    "http://127.0.0.1:9000/anything",  # any path on our host: it could route anywhere on the server
+    "http://127.0.0.1:9001/draftsmith-storage",  # another port of the same machine (a proxy in front of it?)
+    "http://2130706433:9000/%64raftsmith-storage",
+    "http://draftsmith-storage.localhost:9000",  # our bucket, virtual-host style
+])
+def test_a_secret_endpoint_into_the_storage_server_is_refused(endpoint, tmp_path):
+    problems = s3_secret_problems({"access_key_id": "k", "secret_access_key": "s", "endpoint_url": endpoint},
+                                  settings(tmp_path))
+    assert [field for field, _ in problems] == ["endpoint_url"], problems
+    assert "Draftsmith's own" in problems[0][1]
+
+
+def test_a_secret_endpoint_on_aws_for_a_deployment_on_aws(tmp_path):
+    on_aws = settings(tmp_path, s3_endpoint_url=None)
+    for endpoint in ("https://s3.amazonaws.com/draftsmith-storage", "https://s3.eu-west-1.amazonaws.com/x",
+                     "https://draftsmith-storage.s3.amazonaws.com"):
+        with pytest.raises(StorageScopeError, match="Draftsmith's own"):
+            check_s3_endpoint(endpoint, on_aws)
+    check_s3_endpoint("https://s3.eu-west-1.amazonaws.com", on_aws)  # plain AWS: the URI rule judges the bucket
+
+
+def test_usable_secret_endpoints_and_malformed_ones(tmp_path):
+    local = settings(tmp_path)
+    for endpoint in ("http://127.0.0.1:9000", "http://localhost:9000/", "https://minio.b.example:9000",
+                     "https://project.supabase.example/storage/v1/s3"):  # a path elsewhere is that service's own
+        check_s3_endpoint(endpoint, local)
+    for endpoint in ("ftp://127.0.0.1/x", "http://user:pw@minio.b.example", "https://minio.b.example?x=1",
+                     "http://minio.b.example:99999", "minio.b.example"):
+        with pytest.raises(StorageScopeError, match="https://host"):
+            check_s3_endpoint(endpoint, local)
+    problems = s3_secret_problems({"access_key_id": "", "endpoint_url": 5, "region": "eu/west"}, local)
+    assert [f for f, _ in problems] == ["access_key_id", "secret_access_key", "endpoint_url", "region"]
+
+
+def test_an_endpoint_path_counts_as_a_bucket_wherever_the_endpoint_is(tmp_path):
+    # A host we cannot recognise as ours (a proxy, say): the request still goes to /<path>/<bucket>/<key>.
+    with pytest.raises(StorageScopeError, match="Draftsmith's own"):
+        check_storage_uri("s3://service/files/org_A/f.jsonl", settings(tmp_path), B,
+                          endpoint_url="https://proxy.b.example/draftsmith-storage")
+    assert check_storage_uri("s3://b-own-bucket/x", settings(tmp_path), B,
+                             endpoint_url="https://project.supabase.example/storage/v1/s3") is None

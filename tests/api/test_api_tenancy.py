@@ -67,6 +67,10 @@ def hostile_bodies(a_org: str, a_file: str, a_job: str) -> list[tuple[str, str, 
         ("/v1/jobs", "data.source", {**MINIMAL, "data": {"source": files.replace("/files/", "/files%2F")}}),
         ("/v1/jobs", "target.uri", {"target": {"uri": work.replace(f"s3://{BUCKET}", f"s3://{BUCKET}.s3.amazonaws.com")}}),
         ("/v1/jobs", "target.uri", {"target": {"uri": work.replace(f"s3://{BUCKET}", f"s3://localhost/{BUCKET}")}}),
+        # Numeric spellings of the storage host (issue 32): 127.1, its integer, octal, hex.
+        *(("/v1/jobs", "data.source", {**MINIMAL, "data": {"source": files.replace("s3://", f"s3://{host}/")}})
+          for host in ("127.1", "2130706433", "0177.0.0.1", "0x7f000001")),
+        ("/v1/jobs/estimate", "data.source", {**MINIMAL, "data": {"source": files.replace("s3://", "s3://0x7f.1/")}}),
     ]
 
 

@@ -2,7 +2,7 @@
 cuttable proxy, an organisation with a key, a job driver using the stage-runner API, and Debian's
 headless Chromium driven by Playwright.
 
-Chromium must be /usr/bin/chromium (`apt-get install chromium chromium-driver`; .ci/run installs it);
+Chromium must be /usr/bin/chromium (`apt-get install chromium chromium-driver`; `make test` installs it when it can);
 Playwright never downloads a browser here. Without it the browser tests fail and say so, unless
 DRAFTSMITH_TEST_SKIP_BROWSER=1 asks to skip them. Screenshots and report.html go to
 $DRAFTSMITH_TEST_OUTPUT/dashboard (default: test-output/dashboard in the checkout).

@@ -120,6 +120,11 @@ def test_hostile_stored_specs_fail_in_the_worker_and_touch_nothing_of_a(harness,
     assert not [p for p in Path(ctx.cache).rglob("*") if a_file in p.name or "A only" in _text(p)]
 
 
+def a_copies(ctx) -> set[Path]:
+    """Files in the worker's cache that hold organisation A's prompts."""
+    return {p for p in Path(ctx.cache).rglob("*") if "A only" in _text(p)}
+
+
 def _text(path: Path) -> str:
     return path.read_text(errors="ignore") if path.is_file() and path.stat().st_size < 1 << 20 else ""
 
@@ -199,3 +204,100 @@ def test_the_worker_reads_with_whose_credentials(harness, ctx, organisation_a, m
     with pytest.raises(SourceUnavailable, match="more than 10 prompts"):
         resolve_prompts(own, harness.settings, Path(ctx.cache) / "cap", caller=Caller(a.org_id, ctx.session_factory))
     assert resolve_prompts(own, harness.settings, Path(ctx.cache) / "cap", caller=caller, count=5).path
+
+
+def test_a_secret_endpoint_into_our_storage_reaches_nothing_of_a_by_any_route(harness, ctx, organisation_a,
+                                                                              monkeypatch):
+    """Issue 32 item 1: B stores `s3.service` = {"endpoint_url": "http://<our storage host>/<our bucket>", ...} and
+    names `s3://service/...`; botocore keeps the endpoint's path, so the request is `/<our bucket>/service/...`:
+    A's objects. moto honours any access key, so whatever reaches our bucket reads and writes it with B's made-up
+    keys: the worst case, where the scoping rule alone stands between B and A (a real store would also refuse
+    B's keys on our bucket, but the rule may not lean on how a store's accounts are set up). The secret is
+    refused at PUT /v1/secrets in every spelling of the host; one stored anyway (before the rule) is refused by
+    the worker on every route: data source, target, warm start, publish destination, the audit's drafter and
+    prompts; and the numeric alias `s3://127.1/<our bucket>/...` is refused at the API and in the worker."""
+    import api.secrets
+    from worker.audits import run_audit
+    from worker.runner import Outcome, run_job
+    from worker.sources import Caller, StorageNotAllowed, open_s3, resolve_prompts
+
+    a, a_file, a_job = organisation_a
+    b = harness.new_org()
+    endpoint = harness.settings.s3_endpoint_url
+    port = endpoint.rsplit(":", 1)[1]
+    files, artifacts = f"s3://service/files/{a.org_id}/{a_file}.jsonl", f"s3://service/jobs/{a_job}/artifacts"
+    # The route is live on this store: a plain client at that endpoint, with keys nobody issued, reads A's upload.
+    raw = boto3.client("s3", endpoint_url=f"{endpoint}/{BUCKET}", region_name="us-east-1",
+                       aws_access_key_id="b-key", aws_secret_access_key="b-made-up")
+    assert b"A only" in raw.get_object(Bucket="service", Key=f"files/{a.org_id}/{a_file}.jsonl")["Body"].read()
+
+    def value(host: str) -> str:
+        return json.dumps({"access_key_id": "b-key", "secret_access_key": "b-secret-0123456789",
+                           "endpoint_url": f"http://{host}:{port}/{BUCKET}"})
+
+    for host in ("127.0.0.1", "localhost", "127.1", "2130706433", "0x7f000001", "0177.0.0.1", "[::ffff:127.0.0.1]",
+                 "LOCALHOST.", "b.localhost"):
+        refused = harness.client.put("/v1/secrets/s3.service", json={"value": value(host)}, headers=b.headers)
+        assert refused.status_code == 422, (host, refused.text)
+        error = refused.json()["errors"][0]
+        assert error["field"] == "value.endpoint_url" and "Remove the path" in error["message"], error
+        assert "b-secret-0123456789" not in refused.text
+    assert harness.client.get("/v1/secrets", headers=b.headers).json()["data"] == []
+
+    with monkeypatch.context() as before_the_rule:  # stored as a deployment without the rule stored it
+        before_the_rule.setattr(api.secrets, "s3_secret_problems", lambda given, settings: [])
+        assert harness.client.put("/v1/secrets/s3.service", json={"value": value("127.1")},
+                                  headers=b.headers).status_code == 200
+    alias = f"s3://127.1/{BUCKET}/service/files/{a.org_id}/{a_file}.jsonl"
+    refused = harness.client.post("/v1/jobs", json={**MINIMAL, "data": {"source": alias}}, headers=b.headers)
+    assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "data.source", refused.text
+
+    before, copies_before = s3_objects(harness), a_copies(ctx)
+    caller = Caller(b.org_id, ctx.session_factory)
+    with pytest.raises(StorageNotAllowed, match="Remove the path"):
+        resolve_prompts(files, harness.settings, Path(ctx.cache) / "b", caller=caller)
+    with pytest.raises(StorageNotAllowed, match="Remove the path"):
+        open_s3(artifacts, harness.settings, caller, what="publish[0]", write=True, explicit_secret="s3.service")
+    jobs = [  # (spec sections, the stage that fails); the API admits all but the alias: it cannot see the endpoint
+        ({"data": {"source": files}}, "prepare"),
+        ({"target": {"uri": f"s3://service/jobs/{a_job}/work"}}, "prepare"),
+        ({"init": {"from_drafter": artifacts}}, "prepare"),
+        ({"data": {"source": alias}}, "prepare"),  # injected: the API refused it above
+        ({"publish": [{"kind": "s3", "uri": artifacts, "credentials_secret": "s3.service"}]}, "publish"),
+    ]
+    b_jobs = set()
+    for sections, failing_stage in jobs:
+        job_id = harness.create_job(b)["id"]
+        b_jobs.add(job_id)
+        if failing_stage == "publish":
+            for _ in range(5):  # prepare .. export: B's own artifacts, by the stage-runner API
+                harness.runner.run_stage(job_id)
+        inject(harness, job_id, **sections)
+        assert run_job(ctx, job_id, lambda job, stage: None) is Outcome.FAILED
+        status, code, message, stage = outcome(harness, job_id)
+        assert (status, code, stage) == ("failed", "storage_not_allowed", failing_stage), (sections, message)
+        assert "b-secret-0123456789" not in message
+    import worker.audits
+    from worker.sources import Resolved
+
+    resolve_drafter = worker.audits.resolve_drafter
+    # The prompts route needs a drafter that resolves first: B's own, stood in for (no Hub here).
+    monkeypatch.setattr(worker.audits, "resolve_drafter", lambda reference, ctx, org_id: Resolved("b-own")
+                        if reference == "hf://b/own-drafter" else resolve_drafter(reference, ctx, org_id))
+    for spec in ({"drafter": artifacts, "target": {"uri": "bundled:smollm2-135m"}, "data": {"source": "builtin"}},
+                 {"drafter": "hf://b/own-drafter", "target": {"uri": "bundled:smollm2-135m"}, "data": {"source": files}}):
+        with harness.services.session_factory() as session:
+            audit = Audit(id=new_id("aud_"), org_id=b.org_id, status="queued", drafter_ref=spec["drafter"],
+                          target_uri="bundled:smollm2-135m", attempts=0, spec=spec)
+            session.add(audit)
+            session.commit()
+            audit_id = audit.id
+        assert run_audit(ctx, audit_id) == "failed"
+        with harness.services.session_factory() as session:
+            row = session.get(Audit, audit_id)
+            assert row.error_code == "storage_not_allowed", (spec, row.error_code, row.error_message)
+    # Nothing of A's was written over or read into B's cache; our bucket gained only B's own jobs' artifacts.
+    after = s3_objects(harness)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert all(k.split("/")[2] in b_jobs for k in set(after) - set(before)), sorted(set(after) - set(before))
+    assert a_copies(ctx) == copies_before  # (A's own reads in the test above stay A's)
