@@ -94,12 +94,18 @@ def run_audit(ctx: WorkerContext, audit_id: str) -> str:
                     PromptFile.id == spec.data.source, PromptFile.org_id == org_id))
         prompts = resolve_prompts(spec.data.source, ctx.settings, ctx.cache, caller=caller, count=spec.data.count,
                                   uploaded_key=uploaded_key, storage=ctx.storage)
-        report = measure(spec, target=target.path, drafter=drafter.path, prompts=prompts.path)
+        heartbeat.check()  # cancelled while the inputs were fetched: load no model
+        # An audit has no compute section: it runs where this worker's setting says (trainer/device.py decides).
+        report = measure(spec, target=target.path, drafter=drafter.path, prompts=prompts.path,
+                         on_progress=heartbeat.check, device=ctx.settings.worker_device)
         report["drafter_revision"] = drafter.revision
         tokens = report["tokens_generated"]
         with ctx.session_factory() as session:
-            finish_audit(session, audit_id, ctx.worker_id, report, target_revision=target_revision)
-        outcome = f"succeeded: {report['recommendation']['action']}"
+            finished = finish_audit(session, audit_id, ctx.worker_id, report, target_revision=target_revision)
+        outcome = f"succeeded: {report['recommendation']['action']}" if finished else "cancelled or taken over"
+    except StageInterrupted:
+        with ctx.session_factory() as session:  # not cancelling: taken over by another worker, which goes on
+            outcome = "cancelled" if acknowledge_audit_cancellation(session, audit_id, ctx.worker_id) else "busy"
     except DraftsmithError as error:
         _fail(ctx, audit_id, error.code, str(error), target_revision)
     except infrastructure_errors():

@@ -49,7 +49,8 @@ def measuring(monkeypatch) -> dict:
     """Stands in for trainer.audit.run_audit: progress every 50 ms for up to a minute, unless stopped."""
     seen: dict = {"started": threading.Event(), "calls": 0}
 
-    def measure(spec, *, target, drafter, prompts, on_progress=None, **_):
+    def measure(spec, *, target, drafter, prompts, on_progress=None, device="unset", **_):
+        seen["device"] = device
         seen["started"].set()
         for done in range(1200):
             seen["calls"] += 1
@@ -91,6 +92,7 @@ def test_cancelling_a_running_audit_stops_its_worker_within_seconds(harness, mea
     assert not worker.is_alive(), "the worker did not stop the audit"
     assert time.monotonic() - asked < 5
     assert result["outcome"] == "cancelled"
+    assert measuring["device"] == harness.settings.worker_device  # the worker's DRAFTSMITH_WORKER_DEVICE reached it
     audit = harness.client.get(f"/v1/audits/{audit_id}", headers=org.headers).json()
     assert audit["status"] == "cancelled" and audit["finished_at"] is not None and audit["result"] is None
     with harness.services.session_factory() as session:  # the compute it did spend still counts
