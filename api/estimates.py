@@ -15,9 +15,10 @@ import math
 import re
 from dataclasses import dataclass
 
-from api.schemas import EstimateOut, GpuEstimate
+from api.schemas import EstimateOut, GpuEstimate, PresetEstimate
 from schemas.bounds import plausible_target_parameters_billion
 from schemas.job_spec import JobSpec
+from schemas.presets import choose_preset
 from schemas.prompts import BUILTIN_PROMPT_COUNT, prompts_to_draw
 from schemas.validation_plan import validation_tokens
 
@@ -85,9 +86,23 @@ def source_size(spec: JobSpec, uploaded_prompts: int | None) -> tuple[int, str]:
                                   f"{BUILTIN_PROMPT_COUNT} prompts: give data.count for a better estimate")
 
 
+def with_preset(spec: JobSpec, fields: dict[str, object]) -> tuple[JobSpec, dict[str, object]]:
+    """`spec` with every preset field it leaves unset filled in (what `lay_under` does to a body), and the fields
+    that were filled. By copy, not validation: the spec is already admitted and the preset's values are valid
+    JobSpec values (tests/trainer/test_presets.py)."""
+    sections: dict[str, dict[str, object]] = {}
+    for dotted, value in fields.items():
+        section, name = dotted.split(".")
+        if name not in getattr(spec, section).model_fields_set:
+            sections.setdefault(section, {})[name] = value
+    update = {section: getattr(spec, section).model_copy(update=values) for section, values in sections.items()}
+    applied = {f"{section}.{name}": value for section, values in sections.items() for name, value in values.items()}
+    return spec.model_copy(update=update), applied
+
+
 def estimate_job(
     spec: JobSpec, *, gpu_class: str | None, gpu_count: int, target_parameters_billion: float | None,
-    uploaded_prompts: int | None = None,
+    uploaded_prompts: int | None = None, with_presets: bool = True,
 ) -> EstimateOut:
     params_b, size_note = target_parameters(spec, target_parameters_billion)
     prompts, prompts_note = source_size(spec, uploaded_prompts)
@@ -112,8 +127,11 @@ def estimate_job(
             training_min, limited_by = spec.training.max_minutes, "max_minutes"
         # Validation's plan (schemas/validation_plan.py): batched references and sampling draws at the batched
         # rate, the timed subset at batch 1, BATCH_ONE_SLOWDOWN times slower.
+        # On a GPU every validation prompt is checked speculatively, and a bfloat16 target's greedy reference is
+        # a decode of its own (docs/DEVICES.md).
         decoded = validation_tokens(min(spec.validation.prompts, holdout), spec.validation.max_new_tokens,
-                                    spec.validation.sampling_draws)
+                                    spec.validation.sampling_draws, every_prompt=True,
+                                    shaped_reference=spec.compute.dtype != "float32")
         validation_tokens_at_batch_rate = decoded.batched + decoded.sampled + decoded.batch_one * BATCH_ONE_SLOWDOWN
         validation_min = validation_tokens_at_batch_rate / generate_rate / 60
         overhead_min = FIXED_OVERHEAD_MINUTES + params_b * 0.25
@@ -128,7 +146,22 @@ def estimate_job(
                 training_limited_by=limited_by,  # type: ignore[arg-type]
             )
         )
+    presets = []
+    if with_presets:
+        for name in ("cpu", "gpu"):
+            preset = choose_preset(name, gpu_count=gpu_count, target_parameters_billion=params_b,
+                                   source_prompts=uploaded_prompts)
+            laid, applied = with_preset(spec, preset.fields)
+            priced = estimate_job(laid, gpu_class=gpu_class, gpu_count=gpu_count,
+                                  target_parameters_billion=params_b, uploaded_prompts=uploaded_prompts,
+                                  with_presets=False)
+            presets.append(PresetEstimate(preset=name, fields=applied, prompts=priced.prompts,  # type: ignore[arg-type]
+                                          tokens_to_generate=priced.tokens_to_generate,
+                                          training_steps=priced.training_steps,
+                                          drafter_tokens_per_step=priced.drafter_tokens_per_step,
+                                          estimates=priced.estimates, notes=preset.notes))
     return EstimateOut(
+        presets=presets,
         prompts=prompts,
         holdout_prompts=holdout,
         tokens_to_generate=tokens_to_generate,
@@ -145,8 +178,9 @@ def estimate_job(
                         f"{g.train_tokens_per_s_1b:g} drafter tok/s, ${g.price_per_hour_usd}/h" for g in classes),
             f"multi-GPU runs keep {MULTI_GPU_EFFICIENCY:.0%} of linear scaling; GPUs added until bf16 weights "
             "+30% fit in memory",
-            f"validation decodes each of its prompts once in batches, a third of them twice at batch 1 "
-            f"({BATCH_ONE_SLOWDOWN:g}x slower per token) and the sampling test's draws",
+            f"validation decodes each of its prompts once in batches and, on a GPU, twice at batch 1 "
+            f"(speculatively and the greedy reference; a bfloat16 target's timed third once more), "
+            f"{BATCH_ONE_SLOWDOWN:g}x slower per token, and the sampling test's draws",
             f"fixed overhead {FIXED_OVERHEAD_MINUTES:g} min plus 0.25 min per billion parameters to load the target",
         ],
     )

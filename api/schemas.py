@@ -223,6 +223,20 @@ class GpuEstimate(BaseModel):
     training_limited_by: Literal["max_steps", "max_minutes"]
 
 
+class PresetEstimate(BaseModel):
+    """The same job laid over one recipe preset (schemas/presets.py): the preset fills what the spec leaves unset."""
+
+    preset: Literal["cpu", "gpu"]
+    fields: dict[str, Any] = Field(description="The JobSpec fields this preset set (dotted names); fields the spec "
+                                   "gives itself keep their values.")
+    prompts: int
+    tokens_to_generate: int
+    training_steps: int
+    drafter_tokens_per_step: int
+    estimates: list[GpuEstimate]
+    notes: list[str] = Field(description="How the preset was sized.")
+
+
 class EstimateOut(BaseModel):
     prompts: int
     holdout_prompts: int
@@ -232,6 +246,10 @@ class EstimateOut(BaseModel):
     target_parameters_billion: float
     estimates: list[GpuEstimate]
     assumptions: list[str]
+    presets: list[PresetEstimate] = Field(
+        default_factory=list, description="The job priced under each recipe preset: `cpu` (the 20-minute main job's "
+        "recipe) and `gpu` (the published DFlash recipe sized for gpu_count GPUs), as `draftsmith run --preset` "
+        "would run it.")
 
 
 class HealthOut(BaseModel):

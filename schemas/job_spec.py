@@ -264,6 +264,11 @@ class TrainingBudget(StrictModel):
     zero_stage: Literal[2, 3] = Field(
         default=recipe.ZERO_STAGE, description="DeepSpeed ZeRO stage: 2 (default) or 3 for drafters too large to replicate."
     )
+    warmup_share: float | None = Field(
+        default=None, gt=0.0, lt=1.0,
+        description="Learning-rate warm-up as a share of max_steps (the GPU preset's 0.04, SpecForge's); null: the "
+        "trainer's fixed 30 warm-up steps (the CPU recipe's).",
+    )
 
 
 class ValidationSpec(StrictModel):
@@ -412,4 +417,6 @@ class JobSpec(StrictModel):
         data = self.model_dump(mode="json")
         if self.compute == ComputeSpec():  # added later: a default section keeps the hash jobs were stored with
             del data["compute"]
+        if self.training.warmup_share is None:  # added later (issue 35), the same way
+            del data["training"]["warmup_share"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -71,3 +71,43 @@ SAMPLING_DRAWS = 300
 """Draws of the speculative-sampling test, split evenly over its prompts."""
 SAMPLING_PROMPTS = 6
 """Validation prompts the sampling test draws from (the first ones: one per category of the built-in set)."""
+
+# --- The GPU preset (issue 35): the published DFlash recipe, scaled to a budget -------------------------------
+# schemas/presets.py `choose_preset` lays these under what a user gives (`draftsmith run --preset gpu`); every
+# constant above stays the CPU main job's, so `make run` (the cpu preset) trains exactly what it did.
+
+GPU_NUM_LAYERS = 5
+"""SpecForge's DFlash recipe for Qwen3-8B (DESIGN.md §6), and vLLM speculators' best practice."""
+GPU_BLOCK_SIZE = 16
+"""SpecForge's block; trainer/training/blocks.py `default_decay_gamma(16)` gives its loss decay gamma 7."""
+GPU_ANCHORS_PER_SEQUENCE = 512
+"""SpecForge's random anchors per sequence. A sequence with fewer valid positions (anchor and next token in the
+response) trains all of them: trainer/training/blocks.py `sample_anchors` draws min(512, the batch's most)
+and masks the rest of a shorter row."""
+GPU_LEARNING_RATE = 6e-4
+GPU_WARMUP_SHARE = 0.04
+"""Warm-up as a share of the optimizer steps (training.warmup_share; the CPU job keeps its 30 steps)."""
+GPU_EPOCHS = 6
+"""Passes over the regenerated samples: the preset's training.max_steps is this many epochs of its prompts."""
+GPU_MAX_NEW_TOKENS = 512
+"""Longer generations than the CPU job's 128: more anchors per sequence, and answers as users get them."""
+GPU_BATCH_SIZE = 8
+"""Sequences per device per step: 8 x up to 512 anchors x 16 = 65k block tokens a step."""
+GPU_GENERATION_BATCH_SIZE = 128
+"""Prompts regenerated side by side (a run knob, not the job's: `--generation-batch-size`)."""
+GPU_VALIDATION_PROMPTS = 24
+"""Held-out prompts validation decodes on a GPU (each is checked speculatively there: DEVICES.md)."""
+GPU_GENERATE_TOKENS_PER_S_1B = 2_000.0
+"""Planning figure for regeneration with hidden-state capture, one GPU, a 1B target, batch 128 (our own
+decode loop, not a serving engine); scales as 1/size."""
+GPU_GENERATE_TOKENS_PER_S_MAX = 3_000.0
+"""Small targets are launch-bound, not bandwidth-bound: the planning rate stops growing below ~0.7B. Both rates
+are conservative guesses until a GPU check measures them: better a budget met with fewer prompts than overrun."""
+GPU_GENERATE_SHARE = 0.3
+"""Share of a budget (`budget_minutes`) planned for regeneration; it sets how many prompts the preset draws."""
+GPU_TRAIN_SHARE = 0.4
+"""Share of a budget that training may spend (training.max_minutes); the rest: loading, validation, export."""
+GPU_MIN_PROMPTS = 64
+"""Fewest prompts a budgeted GPU preset draws: below this the hold-out cannot measure tau."""
+GPU_ASSUMED_TARGET_B = 8.0
+"""Target size (billions of parameters) assumed when the caller does not know it (as api/estimates.py does)."""

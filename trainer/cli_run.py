@@ -12,6 +12,8 @@ from urllib.parse import unquote
 import click
 
 from schemas import recipe
+from schemas.presets import PRESETS, Preset, choose_preset, lay_under
+from schemas.prompts import BUILTIN_PROMPT_COUNT
 from trainer.cli import device_options, parse_layers, sampling_options, train_default, user_errors
 from trainer.errors import DraftsmithError
 
@@ -73,6 +75,59 @@ def given_sampling(base: dict, options: dict) -> dict:
     return {**sampling, **typed}
 
 
+def run_preset(requested: str, body: dict, *, nproc: int, budget_minutes: float | None) -> Preset:
+    """The preset `draftsmith run --preset` lays under `body`: `auto` is gpu when the job may run on a visible GPU
+    (not when it asks for the CPU); a gpu preset is sized for the GPUs training uses (--nproc of the visible
+    ones), the target's size and the budget. Its notes go to stderr."""
+    from schemas.compute import device_kind
+
+    visible = 0
+    if requested != "cpu" and device_kind(body.get("compute", {}).get("device", "auto"))[0] != "cpu":
+        import torch
+
+        visible = torch.cuda.device_count()
+    source = body.get("data", {}).get("source", "builtin")
+    try:
+        chosen = choose_preset(requested, gpu_count=min(visible, max(nproc, 1)),
+                               target_parameters_billion=target_parameters_billion(body["target"]["uri"]),
+                               budget_minutes=budget_minutes,
+                               source_prompts=BUILTIN_PROMPT_COUNT if source == "builtin" else None,
+                               holdout_share=body.get("data", {}).get("holdout_share", recipe.HOLDOUT_SHARE))
+    except ValueError as error:
+        raise DraftsmithError(str(error)) from None
+    if requested != "cpu":
+        for note in chosen.notes:
+            click.echo(note, err=True)
+    return chosen
+
+
+def target_parameters_billion(uri: str) -> float | None:
+    """The target's size in billions of parameters, as far as its config tells without loading it (a bundled
+    target's known size, a local directory's config.json); None when unknown."""
+    if uri.startswith("bundled:"):
+        return BUNDLED_PARAMETERS_BILLION.get(uri.removeprefix("bundled:"))
+    if not uri.startswith("file://"):
+        return None
+    try:
+        config = json.loads((Path(unquote(uri.removeprefix("file://"))) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config)
+    try:
+        hidden, layers, inner = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
+        heads = config["num_attention_heads"]
+        kv = config.get("num_key_value_heads", heads)
+        head_dim = config.get("head_dim") or hidden // heads
+        attention = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim
+        embeddings = config["vocab_size"] * hidden * (1 if config.get("tie_word_embeddings") else 2)
+        return (layers * (attention + 3 * hidden * inner) + embeddings) / 1e9
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+BUNDLED_PARAMETERS_BILLION = {"smollm2-135m": 0.135}
+
+
 def parse_spec(body: dict):
     from pydantic import ValidationError
 
@@ -113,7 +168,15 @@ def parse_spec(body: dict):
 @click.option("--allow-pickle", is_flag=True, default=None, help="Accept pickle (*.bin) target weights.")
 @click.option("--init", type=click.Choice(["target", "random"]), default=train_default("init"), show_default=True)
 @click.option("--nproc", default=1, show_default=True, help="Training processes (CPU: gloo; GPU: one per device).")
-@click.option("--generation-batch-size", default=32, show_default=True)
+@click.option("--generation-batch-size", type=int, default=None,
+              help="Prompts regenerated side by side (default: the preset's, 32 on cpu, "
+                   f"{recipe.GPU_GENERATION_BATCH_SIZE} on gpu).")
+@click.option("--preset", type=click.Choice(PRESETS), default="cpu", show_default=True,
+              help="Recipe laid under the spec and the flags (they win): cpu = the main job's recipe; gpu = the "
+                   "published DFlash recipe (5 layers, block 16, 512 anchors, lr 6e-4, 6 epochs), sized by "
+                   "--budget-minutes; auto = gpu when a GPU is visible (docs/DEVICES.md).")
+@click.option("--budget-minutes", type=float, default=None,
+              help="Wall-clock budget the gpu preset is sized to (prompts, steps, training time cap); default none.")
 @click.option("--validation-prompts", type=int, default=None, help=f"Default {recipe.VALIDATION_PROMPTS}.")
 @click.option("--validation-max-new-tokens", type=int, default=None,
               help=f"Default {recipe.VALIDATION_MAX_NEW_TOKENS}.")
@@ -123,8 +186,8 @@ def parse_spec(body: dict):
 @user_errors
 def run(target_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, variant, num_layers, block_size,
         target_layers, mask_token_id, steps, train_minutes, batch_size, anchors_per_sequence, lr, zero_stage,
-        allow_pickle, init, nproc, generation_batch_size, validation_prompts, validation_max_new_tokens,
-        sampling_draws, device, dtype, **sampling) -> None:
+        allow_pickle, init, nproc, generation_batch_size, preset, budget_minutes, validation_prompts,
+        validation_max_new_tokens, sampling_draws, device, dtype, **sampling) -> None:
     """Train, prove and package a drafter end to end: prepare, generate, train, validate, export."""
     from trainer.job_config import run_config_from_spec
     from trainer.pipeline import Launch, Run
@@ -142,6 +205,8 @@ def run(target_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, 
         "validation.sampling_draws": sampling_draws, "compute.device": device, "compute.dtype": dtype,
     }
     body = job_body(spec_file, target_spec, prompts, flags)
+    chosen = run_preset(preset, body, nproc=nproc, budget_minutes=budget_minutes)
+    body = lay_under(body, chosen.fields)  # the spec file and the flags win
     body["sampling"] = given_sampling(body.get("sampling", {}), sampling)
     spec = parse_spec(body)
     config = run_config_from_spec(spec, target=local_path(spec.target.uri, "target"),
@@ -150,7 +215,7 @@ def run(target_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, 
     # (a warm start, `init.from_drafter` in --spec, is the job's own choice and keeps its init)
     config = dataclasses.replace(config, train=config.train.replace(init=config.train.init
                                                                     if config.train.parent_drafter else init),
-                                 generation_batch_size=generation_batch_size)
+                                 generation_batch_size=generation_batch_size or chosen.generation_batch_size)
     with RunProgress() as progress:
         state = Run(config, out_dir, progress, Launch(nproc=nproc)).execute(resume=resume)
     report = json.loads((Path(out_dir) / "report.json").read_text())

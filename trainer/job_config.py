@@ -23,9 +23,11 @@ def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin"
     `builtin` or the local prompts file resolved from spec.data.source; `parent_drafter`: the local drafter
     directory resolved from spec.init.from_drafter (a file:// URI is read in place when none is given)."""
     training = spec.training
-    warm_start = {}
+    extra = {}  # TrainConfig fields set only when the spec says so
+    if training.warmup_share is not None:  # None: TrainConfig's fixed warm-up steps (the CPU recipe's)
+        extra["warmup_steps"] = max(1, round(training.warmup_share * training.max_steps))
     if spec.init is not None:
-        warm_start["init"] = WARM_START_PREFIX + drafter_dir(parent_drafter or _local(spec.init.from_drafter))
+        extra["init"] = WARM_START_PREFIX + drafter_dir(parent_drafter or _local(spec.init.from_drafter))
     return RunConfig(
         target=target,
         sampling=spec.sampling,
@@ -45,7 +47,7 @@ def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin"
         train=TrainConfig(steps=training.max_steps, max_minutes=training.max_minutes, lr=training.learning_rate,
                           batch_size=training.batch_size, anchors_per_sequence=training.anchors_per_sequence,
                           zero_stage=training.zero_stage, checkpoint_every=training.checkpoint_every,
-                          seed=spec.sampling.seed, **warm_start),
+                          seed=spec.sampling.seed, **extra),
         validation_prompts=spec.validation.prompts,
         validation_max_new_tokens=spec.validation.max_new_tokens,
         sampling_draws=spec.validation.sampling_draws,

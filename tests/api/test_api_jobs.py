@@ -201,3 +201,25 @@ def test_estimate(harness):
     assert by_class["l4-24gb"]["gpu_count"] > 1  # a 70B target does not fit one 24 GB card
     assert by_class["h100-80gb"]["total_minutes"] < by_class["l4-24gb"]["total_minutes"]
     assert harness.client.post("/v1/jobs/estimate?gpu_class=tpu", json=MINIMAL, headers=org.headers).status_code == 422
+
+
+def test_the_estimate_prices_the_cpu_and_gpu_presets(harness):
+    """Both recipe presets priced on the same spec: the preset fills what the spec leaves unset, never more."""
+    org = harness.new_org(scopes=("read",))
+    body = {**MINIMAL, "training": {"learning_rate": 1e-3}}
+    estimate = harness.client.post("/v1/jobs/estimate?gpu_class=h100-80gb&gpu_count=2", json=body,
+                                   headers=org.headers).json()
+    presets = {p["preset"]: p for p in estimate["presets"]}
+    assert set(presets) == {"cpu", "gpu"}
+    cpu, gpu = presets["cpu"], presets["gpu"]
+    # The cpu preset is today's defaults: the spec priced as it is.
+    assert cpu["training_steps"] == estimate["training_steps"] == recipe.TRAIN_STEPS
+    assert cpu["estimates"] == estimate["estimates"]
+    assert gpu["fields"]["drafter.block_size"] == recipe.GPU_BLOCK_SIZE
+    assert gpu["fields"]["drafter.num_layers"] == recipe.GPU_NUM_LAYERS
+    assert "training.learning_rate" not in gpu["fields"] and "training.learning_rate" not in cpu["fields"]
+    assert gpu["drafter_tokens_per_step"] == (recipe.GPU_BATCH_SIZE * recipe.GPU_ANCHORS_PER_SEQUENCE
+                                              * recipe.GPU_BLOCK_SIZE)
+    assert gpu["tokens_to_generate"] == gpu["prompts"] * recipe.GPU_MAX_NEW_TOKENS
+    assert gpu["estimates"][0]["gpu_count"] == 2 and gpu["estimates"][0]["cost_usd"] > 0
+    assert gpu["notes"] and "gpu preset" in gpu["notes"][0]

@@ -50,7 +50,7 @@ CHANGES = {
                 "mask_token_id": 11},
     "data": {"count": 200, "holdout_share": 0.2, "shard_size": 16},
     "training": {"max_steps": 1234, "max_minutes": 30.0, "learning_rate": 1e-4, "batch_size": 8,
-                 "anchors_per_sequence": 32, "checkpoint_every": 50, "zero_stage": 3},
+                 "anchors_per_sequence": 32, "checkpoint_every": 50, "zero_stage": 3, "warmup_share": 0.1},
     "validation": {"prompts": 64, "max_new_tokens": 48, "sampling_draws": 1000},
     "compute": {"device": "cuda:1", "dtype": "float32"},
     "init": {"from_drafter": "file:///drafters/base"},  # a warm start (issue 12): resolved paths map as file:// does
