@@ -280,8 +280,9 @@ class JobStages:
 
         train_prompts, _ = self.prompts()
 
-        def on_progress(done: int, total: int, tokens: int) -> None:
-            self.hooks.progress(Stage.GENERATE, done / total, f"{done}/{total} prompts, {tokens} tokens")
+        def on_progress(done: int, total: int, tokens: int, fraction: float) -> None:
+            # Tokens against the planned ones: it moves inside a batch, not once per batch (regenerate).
+            self.hooks.progress(Stage.GENERATE, fraction, f"{done}/{total} prompts, {tokens} tokens")
 
         with response_backend(self.launch.generate_backend, self.target) as backend:
             store = regenerate(self.target, train_prompts, self.config.sampling, self.layout.data,

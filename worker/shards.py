@@ -42,7 +42,9 @@ class ShardClaims:
         self.session = ctx.session_factory()
         self.files: list[list[str]] = []  # per shard, its files relative to the job's work folder (begin)
         self._reported_at = 0.0
-        self.current: tuple[int, int, int] | None = None  # (shard, prompts done, tokens) being generated here
+        self.max_new_tokens = 0  # every prompt's planned response tokens (begin)
+        # (shard, prompts done, tokens, fraction of its planned tokens done) being generated here
+        self.current: tuple[int, int, int, float] | None = None
         self.written: list[tuple[int, int, float]] = []  # (shard, tokens, seconds) written by this process
         self.stop_reason: str | None = None
         self._shown = 0.0  # the job's progress never goes back, even when a dead worker's partial shard is redone
@@ -72,8 +74,9 @@ class ShardClaims:
 
     # --- the ShardPlan --------------------------------------------------------------------------------
 
-    def begin(self, sizes: list[int], files: list[list[Path]]) -> None:
+    def begin(self, sizes: list[int], files: list[list[Path]], max_new_tokens: int) -> None:
         self.files = [[path.relative_to(self.sync.root).as_posix() for path in paths] for paths in files]
+        self.max_new_tokens = max_new_tokens
         if self.reporter is None:
             return
         # The lead: a row per shard (a resumed stage keeps the rows it has), then N - 1 helpers asked to claim.
@@ -101,7 +104,7 @@ class ShardClaims:
                                 data={"shard": claim.shard, "taken_from": claim.taken_from, "attempt": claim.attempt})
                 if self._already_written(claim.shard, missing):
                     continue
-                self.current = (claim.shard, 0, 0)
+                self.current = (claim.shard, 0, 0, 0.0)
                 yield claim.shard
                 continue
             rows = claims_db.shard_rows(self.session, self.job_id)
@@ -110,9 +113,10 @@ class ShardClaims:
             self._report(rows)
             time.sleep(min(self.ctx.settings.worker_heartbeat_seconds, 2.0))
 
-    def progress(self, shard: int, prompts: int, tokens: int) -> None:
-        self.current = (shard, prompts, tokens)
-        # The lead sums every shard's progress from the database: at most once per FLUSH_SECONDS, off the batch path.
+    def progress(self, shard: int, prompts: int, tokens: int, fraction: float) -> None:
+        self.current = (shard, prompts, tokens, fraction)
+        # The lead sums every shard's progress from the database: at most once per FLUSH_SECONDS (regenerate calls
+        # this between decode steps too, so it moves while a long batch runs and as other workers finish shards).
         if self.reporter is not None and time.monotonic() - self._reported_at >= FLUSH_SECONDS:
             self._report(claims_db.shard_rows(self.session, self.job_id))
 
@@ -153,16 +157,26 @@ class ShardClaims:
                     data={"workers": dict(per_worker)})
 
     def _report(self, rows: list[claims_db.ShardRow]) -> None:
+        """The job's progress summed over its shards, each weighed by its prompts (every prompt plans the same
+        tokens): a shard written (here or elsewhere) counts whole, the one generating here its exact fraction of
+        planned tokens, one another worker holds what its heartbeat last wrote (finished batches' prompts, or
+        its response tokens against the planned ones, whichever says more: both undercount, never overcount)."""
         total = sum(row.prompts for row in rows) or 1
         done = tokens = 0
+        share = 0.0  # prompts' worth of planned tokens done
+        current = self.current
         for row in rows:
-            if self.current is not None and row.shard == self.current[0] and row.status != claims_db.DONE:
-                done, tokens = done + self.current[1], tokens + self.current[2]
+            if row.status == claims_db.DONE:
+                done, tokens, share = done + row.prompts, tokens + row.tokens, share + row.prompts
+            elif current is not None and row.shard == current[0]:
+                done, tokens, share = done + current[1], tokens + current[2], share + row.prompts * current[3]
             else:
+                planned = row.prompts * self.max_new_tokens
+                share += max(row.prompts_done, row.prompts * row.tokens / planned if planned else 0.0)
                 done, tokens = done + row.prompts_done, tokens + row.tokens
         whole = sum(row.status == claims_db.DONE for row in rows)
         workers = len({row.worker_id for row in rows if row.worker_id and row.status != claims_db.PENDING})
-        self._shown, self._reported_at = max(self._shown, done / total), time.monotonic()
+        self._shown, self._reported_at = max(self._shown, min(share / total, 1.0)), time.monotonic()
         self.reporter.progress(Stage.GENERATE, self._shown, f"{done}/{total} prompts, {tokens} tokens; {whole} of "
                                f"{len(rows)} shards whole, {workers} workers")
 

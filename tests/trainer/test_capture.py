@@ -98,7 +98,7 @@ class ReplayBackend:
     def __init__(self, answers: dict[tuple[int, ...], tuple[list[int], str]]):
         self.answers, self.calls = answers, []
 
-    def respond(self, prompt_ids, params, seed):
+    def respond(self, prompt_ids, params, seed, *, should_stop=None):
         self.calls.append((len(prompt_ids), params, seed))
         return [self.answers[tuple(ids)] for ids in prompt_ids]
 

@@ -131,7 +131,7 @@ def test_regeneration_resumes_by_shard(tiny_qwen3, tmp_path):
     class Crash(Exception):
         pass
 
-    def crash_in_second_shard(done, total, tokens):
+    def crash_in_second_shard(done, total, tokens, fraction):
         if done > 4:
             raise Crash
 

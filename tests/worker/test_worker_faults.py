@@ -7,6 +7,8 @@ lands, and the assertions are about what the fault left behind, not about the st
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from worker_harness import tiny_spec
@@ -138,3 +140,52 @@ def test_cancel_during_validation_stops_it_promptly_and_the_worker_can_shut_down
     assert [s["status"] for s in job["stages"] if s["stage"] == "train"] == ["succeeded"]  # kept for the resume
     worker.terminate_main()  # and nothing is left running that would block a warm shutdown
     assert worker.process.wait(timeout=60) == 0
+
+
+def test_cancel_mid_generate_stops_within_seconds_keeps_written_shards_and_resume_continues(workers, models):
+    """Issue 32: generation used to see a cancel only between batches (a shard's one batch here: minutes on a real
+    target). It now polls between decode steps, and its progress moves with the tokens of a batch."""
+    service = workers
+    # 23 training prompts in 3 shards of up to 8, each one batch (the batch size is 32) of up to 1024 new tokens:
+    # about 8 s a shard here (before issue 32 the cancel waited for the rest of it), so it lands mid-batch.
+    spec = tiny_spec(f"file://{models}/bpe", data={"count": 30, "holdout_share": 0.2, "shard_size": 8},
+                     sampling={"max_new_tokens": 1024})
+    service.start_worker(name="generating")
+    job_id = service.submit(spec)
+    s3, prefix = service.s3(), f"service/jobs/{job_id}/work/data/"
+
+    def stored() -> dict[str, dict]:
+        listing = s3.list_objects_v2(Bucket="draftsmith-storage", Prefix=prefix)
+        return {item["Key"][len(prefix):]: item for item in listing.get("Contents", [])}
+
+    # Progress moves before the first shard (a third of the stage) is written: tokens, not batches, count.
+    service.wait_for(job_id, lambda job: job.get("stage") == "generate" and 0 < (job.get("stage_progress") or 0) < 33,
+                     300, "generate progress inside the first batch")
+    service.wait_for(job_id, lambda job: "shard-00000.parquet" in stored(), 120, "the first shard to be written")
+    assert "shard-00001.parquet" not in stored(), "the second shard was written too soon: nothing was tested"
+    with service.http as http:
+        assert http.post(f"/v1/jobs/{job_id}/cancel").json()["status"] == "cancelling"
+    asked = time.monotonic()
+    job = service.wait_terminal(job_id, timeout=120)
+    stopped_in = time.monotonic() - asked
+    assert job["status"] == "cancelled"
+    # The heartbeat sees the cancel within a second, the decode loop at its next poll (a second at most).
+    assert stopped_in < 5, f"generate took {stopped_in:.1f} s to honour the cancel"
+    assert [s["status"] for s in job["stages"] if s["stage"] == "generate"] == ["cancelled"]
+    kept = stored()
+    assert {"shard-00000.parquet", "shard-00000.hidden.safetensors"} <= set(kept)
+    assert "shard-00001.parquet" not in kept and "COMPLETE" not in kept
+    first = s3.get_object(Bucket="draftsmith-storage", Key=prefix + "shard-00000.parquet")["Body"].read()
+    progress = [e["progress"] for e in service.events(job_id) if e["stage"] == "generate" and e["progress"] is not None]
+    assert progress == sorted(progress) and any(0 < p < 33 for p in progress)
+
+    with service.http as http:
+        assert http.post(f"/v1/jobs/{job_id}/resume").json()["status"] == "queued"
+    job = service.wait_terminal(job_id, timeout=400)
+    assert job["status"] == "succeeded", job["error"]
+    assert [s["status"] for s in job["stages"] if s["stage"] == "generate"] == ["cancelled", "succeeded"]
+    done = stored()
+    assert {f"shard-{i:05d}.parquet" for i in range(3)} <= set(done) and "COMPLETE" in done
+    # The shard written before the cancel was kept, not generated again.
+    assert s3.get_object(Bucket="draftsmith-storage", Key=prefix + "shard-00000.parquet")["Body"].read() == first
+    assert done["shard-00000.parquet"]["LastModified"] == kept["shard-00000.parquet"]["LastModified"]

@@ -9,6 +9,12 @@ state) is kept too, for dense distillation. Work is cut into shards written atom
 first missing shard, and several workers can each write some of one job's shards (a `ShardPlan`). Another
 engine may write the responses instead of the built-in loop (a `ResponseBackend`); the target then captures
 the hidden states in one teacher-forced pass.
+
+A cancellation is seen within seconds, not at the end of a batch: the decode loop asks `should_stop` between
+decode steps (at most once every POLL_SECONDS, since the hook may read a database), and progress moves with
+the tokens generated against the planned ones (every prompt's max_new_tokens; a response that stopped early
+counts its whole budget), not with batches finished. Neither touches a tensor or a random generator, so the
+data are the same whether or not anyone asked.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from trainer.targets.chat import render_prompt
 from trainer.targets.loading import Target
 
 HIDDEN_DTYPE = torch.bfloat16
+POLL_SECONDS = 1.0
+"""Inside a batch, `should_stop` is asked and progress reported at most this often (between batches, always)."""
 TEACHER_TOP_K = 32
 """Target logits kept per response token (with the target's final hidden state): the dense supervision a
 distillation objective can use beyond the token itself (trainer/training/objective.py)."""
@@ -83,13 +91,17 @@ def plan_regeneration(target: Target, prompt_ids: list[list[int]], params: Sampl
 @torch.inference_mode()
 def generate_batch(target: Target, prompts: list[list[int]], params: SamplingParams, tap_layer_ids: list[int] | None,
                    generator: torch.Generator | None = None, teacher_top_k: int = 0,
+                   on_step: Callable[[int, int], None] | None = None,
                    ) -> list[tuple[list[int], torch.Tensor | None, str, TeacherSignal | None]]:
     """Responses to a batch of tokenised prompts: (response ids, taps of prompt+response[:-1], stop reason,
     the target's own prediction of every response token when teacher_top_k > 0).
 
     Left padding keeps every row's newest token in the last column; positions count real tokens only.
     The teacher signal costs almost nothing here: the logits and the final hidden state of every step are
-    computed anyway to pick the next token.
+    computed anyway to pick the next token. `on_step(tokens, work)` follows every decode step that another
+    forward pass follows: the response tokens generated so far, and the planned tokens done (`tokens` plus the
+    unused budget of rows that stopped early; len(prompts) * max_new_tokens when the batch is done). It may
+    raise (a cancellation) to end the batch there; it never touches a tensor or the generator.
     """
     recorder = TeacherRecorder(len(prompts), teacher_top_k, target.num_layers - 1) if teacher_top_k else None
     if recorder is not None:
@@ -110,6 +122,7 @@ def generate_batch(target: Target, prompts: list[list[int]], params: SamplingPar
     hidden: list[list[torch.Tensor]] = [[taps[i, width - len(p):]] if taps is not None else [] for i, p in enumerate(prompts)]
     reasons = ["length"] * len(prompts)
     next_pos = positions[:, -1] + 1
+    generated = unused = 0  # response tokens so far; budget left unused by rows that stopped early
     for step in range(params.max_new_tokens):
         last = logits[:, -1]
         if recorder is not None:
@@ -123,6 +136,10 @@ def generate_batch(target: Target, prompts: list[list[int]], params: SamplingPar
         keep = (~finished).nonzero()[:, 0]
         if keep.numel() == 0:
             break
+        if on_step is not None:
+            generated += len(rows)
+            unused += (len(rows) - keep.numel()) * (params.max_new_tokens - step - 1)
+            on_step(generated, generated + unused)
         if keep.numel() < len(rows):  # finished rows leave the batch and the cache
             cache.batch_select_indices(keep)
             rows = [rows[i] for i in keep.tolist()]
@@ -186,24 +203,29 @@ class ResponseBackend(Protocol):
     tokens: int
     """Response tokens it wrote so far."""
 
-    def respond(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> list[tuple[list[int], str]]:
-        """(response ids, "stop" or "length") per prompt, sampled with `params` and `seed`."""
+    def respond(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int, *,
+                should_stop: Callable[[], bool] | None = None) -> list[tuple[list[int], str]]:
+        """(response ids, "stop" or "length") per prompt, sampled with `params` and `seed`. `should_stop` is
+        asked while the engine works (it rate-limits itself): True ends the work there and raises
+        StageInterrupted."""
 
 
 class ShardPlan(Protocol):
     """Which shards this process generates, when one job's generation is spread over several workers
     (worker/shards.py claims them in the database). Without one, a process generates every missing shard."""
 
-    def begin(self, sizes: list[int], files: list[list[Path]]) -> None:
+    def begin(self, sizes: list[int], files: list[list[Path]], max_new_tokens: int) -> None:
         """How this data set is cut: prompts per shard, and each shard's files in the order they are written (the
-        parquet file, which marks the shard whole, last). Called once, before `claims`."""
+        parquet file, which marks the shard whole, last); every prompt plans max_new_tokens response tokens.
+        Called once, before `claims`."""
 
     def claims(self, missing: list[int]) -> Iterator[int]:
         """The shards to generate here, one at a time (each claimed only when the previous one is written);
         `missing` are those not on this machine. May wait for shards other workers hold."""
 
-    def progress(self, shard: int, prompts: int, tokens: int) -> None:
-        """Prompts and response tokens done so far in `shard`."""
+    def progress(self, shard: int, prompts: int, tokens: int, fraction: float) -> None:
+        """Prompts (of finished batches) and response tokens done so far in `shard`, and the fraction of its
+        planned tokens done. Called between decode steps at most once every POLL_SECONDS, and after each batch."""
 
     def generated(self, shard: int, prompts: int, tokens: int, seconds: float) -> None:
         """`shard` is written, and on_saved has been called for its files."""
@@ -213,14 +235,35 @@ class ShardPlan(Protocol):
         finishing the data set is another process's work (a helper), so stop here."""
 
 
+class StopPoll:
+    """`should_stop` asked at most once every `seconds` (always when forced): the decode loop's cancellation poll,
+    cheap enough to call between decode steps however fast they are."""
+
+    def __init__(self, should_stop: Callable[[], bool] | None, seconds: float = POLL_SECONDS):
+        self.should_stop, self.seconds = should_stop, seconds
+        self._asked_at = -math.inf
+
+    def __call__(self, force: bool = False) -> bool:
+        if self.should_stop is None:
+            return False
+        now = time.monotonic()
+        if not force and now - self._asked_at < self.seconds:
+            return False
+        self._asked_at = now
+        return bool(self.should_stop())
+
+
 def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, out_dir: str | Path, *,
                tap_layer_ids: list[int], cache_budget_bytes: int = 4 << 30, shard_size: int = 64,
-               batch_size: int = 16, on_progress: Callable[[int, int, int], None] | None = None,
+               batch_size: int = 16, on_progress: Callable[[int, int, int, float], None] | None = None,
                should_stop: Callable[[], bool] | None = None,
                on_saved: Callable[[Path], None] | None = None, teacher_top_k: int = TEACHER_TOP_K,
-               shards: ShardPlan | None = None, backend: ResponseBackend | None = None) -> DataStore | None:
+               shards: ShardPlan | None = None, backend: ResponseBackend | None = None,
+               poll_seconds: float = POLL_SECONDS) -> DataStore | None:
     """Write the regenerated training set to `out_dir`; skip shards already complete. on_progress gets
-    (prompts done, prompts total, tokens generated so far). `should_stop` is asked between batches: True
+    (prompts done, prompts total, tokens generated so far, fraction of the planned tokens done): after every
+    batch, and between decode steps at most once every `poll_seconds`. `should_stop` is asked before every
+    batch and between decode steps (at most once every `poll_seconds`; with a backend, while it works): True
     raises StageInterrupted, keeping every finished shard. `on_saved(path)` follows every file written (a
     shard's hidden states, then its parquet file, which marks it whole; the completion marker last), so a
     caller can copy finished work elsewhere as it appears. Returns None when `shards` leaves the rest of the
@@ -243,21 +286,25 @@ def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, ou
     done = sum(len(chunks[i]) for i in range(count) if store.has_shard(i))
     tokens = sum(store.shard_tokens(i) for i in range(count) if store.has_shard(i))
     missing = [i for i in range(count) if not store.has_shard(i)]
+    poll = StopPoll(should_stop, poll_seconds)
     if shards is not None:
-        shards.begin([len(chunk) for chunk in chunks], [store.shard_paths(i) for i in range(count)])
+        shards.begin([len(chunk) for chunk in chunks], [store.shard_paths(i) for i in range(count)],
+                     params.max_new_tokens)
     for shard in (shards.claims(missing) if shards is not None else missing):
         started = time.perf_counter()
 
-        def batch_done(prompts_done: int, shard_tokens: int, shard: int = shard) -> None:
+        def report(prompts_done: int, shard_tokens: int, shard_work: int, shard: int = shard) -> None:
+            planned = len(chunks[shard]) * params.max_new_tokens
             if shards is not None:
-                shards.progress(shard, prompts_done, shard_tokens)
+                shards.progress(shard, prompts_done, shard_tokens, shard_work / planned if planned else 1.0)
             if on_progress:
-                on_progress(done + prompts_done, len(prompts), tokens + shard_tokens)
+                whole = len(prompts) * params.max_new_tokens
+                fraction = (done * params.max_new_tokens + shard_work) / whole if whole else 1.0
+                on_progress(done + prompts_done, len(prompts), tokens + shard_tokens, fraction)
 
         examples, shard_tokens = _shard_examples(target, prompts, prompt_ids, chunks[shard], params, shard,
                                                  tap_layer_ids if plan.cache_hidden else None, batch_size,
-                                                 teacher_top_k, backend, should_stop, batch_done,
-                                                 f"{done} of {len(prompts)}")
+                                                 teacher_top_k, backend, poll, report, f"{done} of {len(prompts)}")
         for path in store.write_shard(shard, examples):
             saved(path)
         done, tokens = done + len(examples), tokens + shard_tokens
@@ -276,24 +323,44 @@ def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, ou
 
 def _shard_examples(target: Target, prompts: list[Prompt], prompt_ids: list[list[int]], chunk: range,
                     params: SamplingParams, shard: int, taps: list[int] | None, batch_size: int, teacher_top_k: int,
-                    backend: ResponseBackend | None, should_stop: Callable[[], bool] | None,
-                    batch_done: Callable[[int, int], None], done_before: str) -> tuple[list[Example], int]:
+                    backend: ResponseBackend | None, poll: StopPoll, report: Callable[[int, int, int], None],
+                    done_before: str) -> tuple[list[Example], int]:
     """One shard's examples in prompt order, and its response tokens. The shard's seed is its index, so whichever
-    process writes it, it is the same shard."""
+    process writes it, it is the same shard. `report(prompts done, tokens, planned tokens done)` follows every
+    batch and, at most once every poll interval, decode steps; `poll` is asked before every batch (forced) and
+    between decode steps (rate-limited)."""
+
+    def interrupted(where: str) -> StageInterrupted:
+        return StageInterrupted(f"generation stopped on request {where} after {done_before} prompts; finished "
+                                "shards are kept and the stage resumes from them")
+
     generator = seeded_generator(params.seed * 100_003 + shard, target.device)
     # Similar lengths per batch waste less padding.
     order = sorted(chunk, key=lambda i: len(prompt_ids[i]))
-    responses = backend.respond([prompt_ids[i] for i in order], params, params.seed * 100_003 + shard) \
-        if backend is not None else None
+    responses = None
+    if backend is not None:
+        if poll(force=True):
+            raise interrupted("before its engine answered")
+        responses = backend.respond([prompt_ids[i] for i in order], params, params.seed * 100_003 + shard,
+                                    should_stop=poll)
     examples: dict[int, Example] = {}
     prompts_done = shard_tokens = 0
+    reported_at = time.monotonic()
     for start in range(0, len(order), batch_size):
-        if should_stop is not None and should_stop():
-            raise StageInterrupted(f"generation stopped on request after {done_before} prompts; finished shards "
-                                   "are kept and the stage resumes from them")
+        if poll(force=True):
+            raise interrupted("between batches")
         batch = order[start:start + batch_size]
         if responses is None:
-            outputs = generate_batch(target, [prompt_ids[i] for i in batch], params, taps, generator, teacher_top_k)
+            def on_step(tokens: int, work: int) -> None:
+                nonlocal reported_at
+                if poll():
+                    raise interrupted("mid-batch")
+                if time.monotonic() - reported_at >= poll.seconds:
+                    reported_at = time.monotonic()
+                    report(prompts_done, shard_tokens + tokens, prompts_done * params.max_new_tokens + work)
+
+            outputs = generate_batch(target, [prompt_ids[i] for i in batch], params, taps, generator, teacher_top_k,
+                                     on_step)
         else:
             from trainer.data.capture import capture_batch
 
@@ -304,7 +371,8 @@ def _shard_examples(target: Target, prompts: list[Prompt], prompt_ids: list[list
                                   reason, hidden, teacher)
             shard_tokens += len(response)
         prompts_done += len(batch)
-        batch_done(prompts_done, shard_tokens)
+        reported_at = time.monotonic()
+        report(prompts_done, shard_tokens, prompts_done * params.max_new_tokens)
     return [examples[i] for i in chunk], shard_tokens
 
 

@@ -6,19 +6,28 @@ trainer/validation/engine_paths.py), so it runs as one persistent driver process
 driver's stdin and one JSON line of results on its stdout. vLLM only writes the responses; the target then
 reads each prompt + response once, teacher-forced (trainer/data/capture.py), for the stored hidden states and
 teacher signal, so the data set has the same form whichever engine answered.
+
+A request is one shard, answered by one `LLM.generate`, which nothing can interrupt from outside. So while it
+runs, `respond` waits on the driver's reply in short slices and asks its `should_stop` between them: a
+cancellation kills the driver (and the engine it forked) within a second or so and raises StageInterrupted;
+the shards already written are kept. The requests themselves are what they always were (a whole shard, its
+per-prompt seeds), so the responses do not depend on whether anyone asked.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from schemas.sampling import SamplingParams
-from trainer.errors import DraftsmithError
+from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.validation import engine_paths
 
 MAX_MODEL_LEN = 8192
@@ -28,6 +37,9 @@ KV_CACHE_GIB = 4
 """VLLM_CPU_KVCACHE_SPACE unless the environment sets it: room for many sequences at once on a small target."""
 SEED_MODULUS = 2**63
 DRIVER = Path(__file__).with_name("vllm_generate_driver.py")
+WAIT_SLICE_SECONDS = 0.25
+"""While the engine answers, how long `respond` waits on it between two `should_stop` calls (which rate-limit
+themselves, trainer/data/regenerate.py StopPoll)."""
 
 
 class EngineMissing(DraftsmithError):
@@ -101,10 +113,12 @@ class VllmResponses:
 
     def __exit__(self, exc_type, *exc) -> None:
         self._stop(timeout=60)
-        if exc_type is None and self._own_log:
+        stopped = exc_type is not None and issubclass(exc_type, StageInterrupted)  # a cancel: nothing to look into
+        if (exc_type is None or stopped) and self._own_log:
             self.log_path.unlink(missing_ok=True)
 
-    def respond(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> list[tuple[list[int], str]]:
+    def respond(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int, *,
+                should_stop: Callable[[], bool] | None = None) -> list[tuple[list[int], str]]:
         if self._process is None:
             raise EngineFailed("VllmResponses is used outside its `with` block")
         if not prompt_ids:
@@ -122,6 +136,7 @@ class VllmResponses:
             self._process.stdin.flush()
         except BrokenPipeError:
             pass  # the driver is gone; _receive reports why
+        self._wait_for_reply(should_stop)
         result = self._receive("generating")
         tokens, finish = result["tokens"], result["finish"]
         if len(tokens) != len(prompt_ids) or len(finish) != len(prompt_ids):
@@ -129,6 +144,19 @@ class VllmResponses:
         self.seconds += result["seconds"]
         self.tokens += sum(len(t) for t in tokens)
         return list(zip(tokens, finish, strict=True))
+
+    def _wait_for_reply(self, should_stop: Callable[[], bool] | None) -> None:
+        """Until the driver's reply (or its end) can be read, ask `should_stop` every WAIT_SLICE_SECONDS; True
+        kills the driver mid-request and raises StageInterrupted."""
+        if should_stop is None:
+            return
+        started = time.monotonic()
+        while not select.select([self._process.stdout], [], [], WAIT_SLICE_SECONDS)[0]:
+            if should_stop():
+                self._stop(timeout=0)
+                raise StageInterrupted(f"generation stopped on request while vLLM answered (after "
+                                       f"{time.monotonic() - started:.1f} s); finished shards are kept and the "
+                                       "stage resumes from them")
 
     def _receive(self, doing: str) -> dict:
         line = self._process.stdout.readline()
