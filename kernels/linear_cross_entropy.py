@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from kernels._triton import use_triton
+
 
 def _target_distribution(rows: int, vocab: int, labels, soft_ids, soft_probs, soft_weight: float, device):
     target = torch.zeros(rows, vocab, device=device)
@@ -92,6 +94,10 @@ def row_cross_entropy(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Te
         raise ValueError("linear_cross_entropy trains through a frozen head only")
     if (soft_ids is None) != (soft_probs is None):
         raise ValueError("soft_ids and soft_probs go together")
+    if use_triton(hidden, head):  # CUDA tensors: kernels/triton_linear_cross_entropy.py (`chunk` does not apply)
+        from kernels.triton_linear_cross_entropy import triton_row_cross_entropy
+
+        return triton_row_cross_entropy(hidden, head, labels, top_k, soft_ids, soft_probs, soft_weight)
     return _FusedRowCrossEntropy.apply(hidden, head, labels, top_k, chunk, soft_ids, soft_probs, soft_weight)
 
 

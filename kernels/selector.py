@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from kernels._triton import use_triton
+
 
 def edge_scores(
     unary: torch.Tensor,
@@ -29,6 +31,11 @@ def edge_scores(
     unary, candidates: (..., K); projected_hidden: (..., r); predecessors: (...,) token ids.
     Returns (..., K).
     """
+    if use_triton(unary, projected_hidden, predecessor_codebook, successor_codebook):
+        from kernels.triton_selector import triton_edge_scores  # CUDA tensors: kernels/triton_selector.py
+
+        return triton_edge_scores(unary, candidates, projected_hidden, predecessors, predecessor_codebook,
+                                  successor_codebook)
     query = F.embedding(predecessors, predecessor_codebook) * projected_hidden
     keys = F.embedding(candidates, successor_codebook)
     return unary + torch.einsum("...r,...kr->...k", query, keys)
