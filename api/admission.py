@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -89,7 +90,8 @@ class AdmissionState:
 
     def report(self) -> dict[str, Any]:
         worst = sorted(self.slow_clients.items(), key=lambda item: -item[1])[:5]
-        return {"slots": self.capacity, "in_progress": self.in_progress, "waiting": self.waiting,
+        # pid: the counters live in this process only (uvicorn --workers forks), so say whose they are.
+        return {"pid": os.getpid(), "slots": self.capacity, "in_progress": self.in_progress, "waiting": self.waiting,
                 "saturated": self.capacity > 0 and self.in_progress >= self.capacity,
                 "refused_total": self.refused_total, "unauthenticated_total": self.unauthenticated_total,
                 "body_timeouts_total": self.body_timeouts_total,

@@ -65,7 +65,7 @@ def parse_spec(raw: bytes, settings: Settings, model: type[SpecT], example: str)
     try:
         spec = model.model_validate(body, context={"allowed_file_roots": settings.allowed_file_roots})
     except ValidationError as exc:
-        errors = field_errors_from_pydantic(list(exc.errors(include_url=False)))
+        errors = field_errors_from_pydantic(list(exc.errors(include_url=False)), model=model)
         raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors) from None
     loops = []
     for item in spec_storage_uris(spec):
@@ -288,13 +288,23 @@ def cancel_job(session: Session, org_id: str, job_id: str) -> Job:
     return job
 
 
+# A queued job nothing has happened to for this long (no worker picked it up, no event: `updated_at` moves with
+# every change to the row) is presumed to have lost its broker message, and resume sends it again. Presumed, not
+# known: the message may only be waiting behind busy workers. The copy is then harmless: the worker that takes
+# the second message finds the stage claimed by a live heartbeat, or the job finished, and does nothing.
+QUEUED_PRESUMED_LOST_SECONDS = 600
+
+
 def resume_job(
     session: Session, settings: Settings, queue: RecordingQueue | CeleryQueue, org_id: str, job_id: str
 ) -> Job:
     job = get_job_for_org(session, org_id, job_id, lock=True)
+    if job.status == JobStatus.QUEUED:
+        return _requeue(session, queue, job)
     if job.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
         raise InvalidTransition(
-            f"job {job.id} is {job.status}; only failed or cancelled jobs can be resumed",
+            f"job {job.id} is {job.status}; only failed or cancelled jobs (or a job queued with no sign of a "
+            f"worker for {QUEUED_PRESUMED_LOST_SECONDS} s) can be resumed",
             extra={"job_status": job.status},
         )
     org, active = lock_org_and_count_active(session, org_id)
@@ -309,6 +319,29 @@ def resume_job(
         session, job, "job.resumed", f"resumed; continues at stage {resume_at}",
         stage=str(resume_at) if resume_at else None,
         data={"resume_stage": str(resume_at) if resume_at else None, "previous_error": previous_error},
+    )
+    session.commit()
+    _enqueue_or_fail(session, queue, job, resume_at)
+    return job
+
+
+def _requeue(session: Session, queue: RecordingQueue | CeleryQueue, job: Job) -> Job:
+    """Send a queued job's message again when it looks lost. The status stays `queued` (no transition: the job
+    already holds its place in the organisation's limit and was admitted against its quota once)."""
+    idle = (utcnow() - job.updated_at).total_seconds()
+    if idle < QUEUED_PRESUMED_LOST_SECONDS:
+        raise InvalidTransition(
+            f"job {job.id} is queued and was last touched {idle:.0f} s ago; it is waiting for a worker. If no "
+            f"worker has started it after {QUEUED_PRESUMED_LOST_SECONDS} s its message is presumed lost and "
+            "resume sends it again; until then, wait (or cancel it)",
+            retry_after_seconds=int(QUEUED_PRESUMED_LOST_SECONDS - idle) + 1, extra={"job_status": job.status},
+        )
+    resume_at = next_stage(session, job.id)
+    job.resume_count += 1
+    append_event(
+        session, job, "job.resumed", f"queued for {idle:.0f} s with no worker: message sent again; continues at "
+        f"stage {resume_at}", stage=str(resume_at) if resume_at else None,
+        data={"resume_stage": str(resume_at) if resume_at else None, "requeued": True, "idle_seconds": round(idle)},
     )
     session.commit()
     _enqueue_or_fail(session, queue, job, resume_at)

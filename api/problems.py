@@ -21,6 +21,7 @@ from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm.exc import StaleDataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from domain.errors import (
@@ -160,9 +161,14 @@ def install_problem_handlers(app: FastAPI) -> None:
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         slug = {404: "not-found", 405: "method-not-allowed", 413: "payload-too-large", 415: "unsupported-media-type"}
+        headers, detail = getattr(exc, "headers", None), str(exc.detail)
+        if exc.status_code == 405:
+            allowed = allowed_methods(request)
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+            detail = f"{request.method} is not allowed on {request.url.path}; use {' or '.join(allowed)}"
         return problem_response(
             request, exc.status_code, slug.get(exc.status_code, f"http-{exc.status_code}"),
-            title=_reason(exc.status_code), detail=str(exc.detail), headers=getattr(exc, "headers", None),
+            title=_reason(exc.status_code), detail=detail, headers=headers,
         )
 
     async def on_stale(request: Request, exc: Exception) -> JSONResponse:
@@ -254,6 +260,22 @@ def _database_unavailable(exc: Exception) -> bool:
     if isinstance(orig, sqlite3.Error):
         return any(word in str(orig) for word in ("locked", "busy", "unable to open"))
     return True
+
+
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app serves at this path. Starlette answers a 405 from the first route
+    whose path matched, so its `Allow` names only that route's methods: /v1/jobs said `POST` alone although
+    GET serves it too (RFC 9110 15.5.6 asks for all of them). So ask the router, method by method, through
+    the public `matches` (FastAPI groups included routers in objects of its own, without `methods`)."""
+    allowed = []
+    for method in HTTP_METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return allowed
 
 
 def _reason(status: int) -> str:

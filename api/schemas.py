@@ -262,7 +262,12 @@ class SlowClientOut(BaseModel):
 
 
 class CapacityOut(BaseModel):
-    """This API process's admission control (api/admission.py): how busy it is, and who has been refused."""
+    """This API process's admission control (api/admission.py): how busy it is, and who has been refused. Every
+    number is the answering process's own (`pid`): under `draftsmith api --workers N` each process counts for
+    itself, and a request reaches whichever one the kernel hands it to."""
+
+    pid: int = Field(description="The API process whose counters these are. With several workers, successive "
+                     "answers may come from different processes; group them by pid before comparing or adding.")
 
     slots: int = Field(description="Requests this process handles at once (2 x DRAFTSMITH_API_WORKER_THREADS).")
     in_progress: int

@@ -83,13 +83,47 @@ class ServiceUnavailable(DomainError):
     slug, title = "service-unavailable", "Service unavailable"
 
 
-def field_errors_from_pydantic(errors: list[Any], *, drop_prefix: tuple[str, ...] = ()) -> list[FieldError]:
-    """Pydantic error dicts -> FieldError, with `body`/`query` prefixes removed from the path."""
+def field_errors_from_pydantic(errors: list[Any], *, drop_prefix: tuple[str, ...] = (),
+                               model: type[BaseModel] | None = None) -> list[FieldError]:
+    """Pydantic error dicts -> FieldError, with `body`/`query` prefixes removed from the path. With `model`, a
+    missing field's bare "Field required" becomes what to set there and an example (`missing_message`)."""
     result = []
     for error in errors:
         loc = [str(part) for part in error.get("loc", ())]
         while loc and loc[0] in drop_prefix:
             loc = loc[1:]
         message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        if model is not None and error.get("type") == "missing":
+            message = missing_message(model, loc) or message
         result.append(FieldError(field=".".join(loc) or "body", message=message))
     return result
+
+
+def missing_message(model: type[BaseModel], loc: list[str]) -> str | None:
+    """"required: set target.uri (where the target lives: ...), e.g. ..." for a field missing from a `model` body.
+    Pydantic says only "Field required", which names neither what to put there nor how it looks; a missing
+    object is explained by the fields inside it that have no default. None when `loc` is not a model field."""
+    current: Any = model
+    info = None
+    for part in loc:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
+            return None
+        info = current.model_fields[part]
+        current = info.annotation
+    if info is None:
+        return None
+    path = ".".join(loc)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        leaves = [(f"{path}.{name}", child) for name, child in current.model_fields.items() if child.is_required()]
+    else:
+        leaves = [(path, info)]
+    parts = []
+    for name, field in leaves:
+        text = name
+        if field.description:
+            what = field.description.split(". ")[0].rstrip(".")
+            text += f" ({what[:1].lower()}{what[1:]})"
+        if field.examples:
+            text += ", e.g. " + " or ".join(str(example) for example in field.examples)
+        parts.append(text)
+    return ("required: set " + "; ".join(parts)) if parts else None

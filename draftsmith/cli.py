@@ -30,6 +30,8 @@ LAZY_COMMANDS: dict[str, str] = {
     "submit": "draftsmith.submit:submit",
     "resume": "draftsmith.submit:resume",
     "cancel": "draftsmith.submit:cancel",
+    "jobs": "draftsmith.jobs_cli:jobs",
+    "download": "draftsmith.jobs_cli:download",
     "audit": "draftsmith.pipeline_cli:audit",
     "drafters": "draftsmith.pipeline_cli:drafters",
     "usage": "draftsmith.pipeline_cli:usage",

@@ -89,8 +89,32 @@ class Client:
     def resume(self, job_id: str) -> dict:
         return self._call("POST", f"/v1/jobs/{job_id}/resume")
 
+    def jobs(self, *, status: list[str] | tuple[str, ...] = (), labels: dict[str, str] | None = None, limit: int = 20,
+             after: str | None = None) -> dict:
+        """One page of GET /v1/jobs, newest first: {"data": [...], "has_more", "next_cursor"} (pass next_cursor
+        back as `after`). `status`: any of these; `labels`: all of these."""
+        params: list[tuple[str, str | int]] = [("limit", limit), *(("status", s) for s in status),
+                                               *(("label", f"{k}:{v}") for k, v in (labels or {}).items())]
+        if after:
+            params.append(("after", after))
+        return self._call("GET", "/v1/jobs", params=params)
+
     def artifacts(self, job_id: str) -> list[dict]:
         return self._call("GET", f"/v1/jobs/{job_id}/artifacts")["data"]
+
+    def report(self, job_id: str) -> dict | None:
+        """The job's validation report (report.json: tau, speedup, `serving_advice`), or None before validation
+        has written one."""
+        artifact = next((a for a in self.artifacts(job_id) if a["name"] == "report.json"), None)
+        if artifact is None:
+            return None
+        try:
+            response = self.http.get(artifact["download_path"], follow_redirects=True)  # S3 storage answers 307
+        except httpx.TransportError as error:
+            raise Unreachable(f"report.json of {job_id} did not arrive from {self.url} ({error})") from None
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, _problem(response))
+        return response.json()
 
     # --- audits, drafters, usage (issue 12) -------------------------------------------------------------
 
@@ -165,22 +189,31 @@ class Client:
 
     # --- artifacts ------------------------------------------------------------------------------------
 
-    def download(self, job_id: str, directory: str | Path) -> Path:
+    def download(self, job_id: str, directory: str | Path, *,
+                 on_progress: Callable[[dict, int], None] | None = None) -> Path:
         """Every artifact of the job into `directory` (same relative names), each checked against its sha256,
-        then the whole set against manifest.json. Raises DownloadError on any mismatch."""
+        then the whole set against manifest.json. Raises DownloadError on any mismatch. `on_progress(artifact,
+        bytes)` follows each chunk written (a progress bar: the artifact carries `size_bytes`)."""
         directory = Path(directory)
         for artifact in self.artifacts(job_id):
             path = directory / artifact["name"]
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f".{path.name}.partial")
-            with self.http.stream("GET", artifact["download_path"], follow_redirects=True,
-                                  timeout=httpx.Timeout(30.0, read=300.0)) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise ApiError(response.status_code, response.json())
-                with partial.open("wb") as out:
-                    for chunk in response.iter_bytes(1 << 20):
-                        out.write(chunk)
+            try:
+                with self.http.stream("GET", artifact["download_path"], follow_redirects=True,
+                                      timeout=httpx.Timeout(30.0, read=300.0)) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        raise ApiError(response.status_code, _problem(response))
+                    with partial.open("wb") as out:
+                        for chunk in response.iter_bytes(1 << 20):
+                            out.write(chunk)
+                            if on_progress:
+                                on_progress(artifact, len(chunk))
+            except httpx.TransportError as error:  # cut short (a dropped connection, a stored file gone short)
+                partial.unlink(missing_ok=True)
+                raise DownloadError(f"{artifact['name']}: the transfer broke off ({error}); nothing of it was kept, "
+                                    "run the download again") from None
             if sha256_file(partial) != artifact["sha256"]:
                 partial.unlink()
                 raise DownloadError(f"{artifact['name']}: sha256 differs from the recorded {artifact['sha256']}")
@@ -188,6 +221,14 @@ class Client:
         if (directory / "manifest.json").is_file() and (problems := verify_manifest(directory)):
             raise DownloadError("download does not match manifest.json: " + "; ".join(problems))
         return directory
+
+
+def _problem(response: httpx.Response) -> dict[str, Any]:
+    """The problem+json body of an error answer; a proxy's HTML page becomes its status line and text."""
+    try:
+        return response.json()
+    except ValueError:
+        return {"title": response.reason_phrase, "detail": response.text[:500]}
 
 
 def _sse_messages(lines: Iterator[str]) -> Iterator[tuple[str | None, str | None, str | None]]:

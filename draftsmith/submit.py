@@ -90,16 +90,18 @@ def _act(url, api_key, start, wait: bool, download_dir: Path | None) -> None:
                 return
             job = client.wait(job["id"], on_event=_progress_printer())
             _report(job, client)
+            if job["status"] == "succeeded" and download_dir:
+                download_artifacts(client, job["id"], download_dir)
+            # Last on stderr, as `draftsmith run` prints it last: the line a person acts on (e.g. "do not enable
+            # this drafter on hardware like the validation machine"). stdout stays the job id alone.
+            _echo_serving_advice(client, job)
             if job["status"] != "succeeded":  # 3: the lossless check failed (never serve it); 1: anything else
                 sys.exit(3 if (job.get("error") or {}).get("code") == "not_lossless" else 1)
-            if download_dir:
-                client.download(job["id"], download_dir)
-                click.echo(f"artifacts verified against manifest.json in {download_dir}", err=True)
             click.echo(job["id"])
         except (ApiError, Unreachable) as error:
             raise click.ClickException(str(error)) from None
         except DownloadError as error:
-            raise click.ClickException(f"download failed verification: {error}") from None
+            raise click.ClickException(f"download failed: {error}") from None
 
 
 def _progress_printer():
@@ -147,3 +149,42 @@ def _report(job: dict, client) -> None:
         metrics = drafters[0].get("metrics") or {}
         summary.update({k: metrics.get(k) for k in ("tau", "speedup", "recommended_block_size", "lossless_passed")})
     click.echo(json.dumps(summary, indent=2), err=True)
+
+
+def _echo_serving_advice(client, job: dict) -> None:
+    """report.json's `serving_advice.summary`, the dashboard's red line, when validation wrote one."""
+    from draftsmith.client import ApiError, Unreachable
+
+    try:
+        report = client.report(job["id"])
+    except (ApiError, Unreachable, ValueError) as error:  # the job's outcome stands; only the advice is missing
+        click.echo(f"serving advice unavailable: could not read report.json ({error})", err=True)
+        return
+    advice = (report or {}).get("serving_advice") or {}
+    if advice.get("summary"):
+        click.echo(advice["summary"], err=True)
+
+
+def download_artifacts(client, job_id: str, directory: Path) -> None:
+    """Every artifact of the job into `directory`, each verified by its sha256 and the set by manifest.json
+    (Client.download), with a progress bar of bytes on stderr; one line per file where stderr is no terminal.
+    The one download of the CLI: `submit --download`, `resume --download` and `download` all come here."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    artifacts = client.artifacts(job_id)
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                        console=console, transient=False, disable=not console.is_terminal)
+    total = progress.add_task("download", total=sum(a["size_bytes"] for a in artifacts))
+    done: dict[str, int] = {}
+
+    def on_progress(artifact: dict, size: int) -> None:
+        done[artifact["name"]] = done.get(artifact["name"], 0) + size
+        progress.update(total, advance=size, description=artifact["name"][-40:])
+        if not console.is_terminal and done[artifact["name"]] >= artifact["size_bytes"]:
+            click.echo(f"downloaded {artifact['name']} ({artifact['size_bytes']} bytes)", err=True)
+
+    with progress:
+        client.download(job_id, directory, on_progress=on_progress)
+    click.echo(f"{len(artifacts)} artifacts verified (sha256, manifest.json) in {directory}", err=True)

@@ -36,6 +36,8 @@ def list_(principal: ReadPrincipal, session: SessionDep,
 
 
 @router.get("/{drafter_id}", response_model=DrafterDetail, summary="Get a drafter, its lineage and its chain",
-            responses=problem_responses(401, 403, 404))
+            responses={**problem_responses(401, 403),
+                       404: {**problem_responses(404)[404], "description": "No drafter with this id in your "
+                             "organisation (another organisation's answers the same); GET /v1/drafters lists yours"}})
 def get(principal: ReadPrincipal, session: SessionDep, drafter_id: str) -> DrafterDetail:
     return drafter_detail(session, principal.org_id, drafter_id)

@@ -11,6 +11,7 @@ from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
 from api.estimates import GPU_CLASSES, estimate_job
 from api.jobs import (
     JOB_ID_RE,
+    QUEUED_PRESUMED_LOST_SECONDS,
     cancel_job,
     check_job_spec,
     create_job,
@@ -52,6 +53,11 @@ async def job_spec_body(request: Request, services: ServicesDep) -> JobSpec:
 
 SpecBody = Annotated[JobSpec, Depends(job_spec_body)]
 
+# A warm start naming a drafter id the organisation does not have is a 404 (api/drafters.py check_warm_start),
+# exactly like GET /v1/drafters/{id}: clients generated from the OpenAPI document must expect it here too.
+UNKNOWN_DRAFTER = {404: {**problem_responses(404)[404], "description": "`init.from_drafter` names a drafter id "
+                         "(drf_...) your organisation does not have; GET /v1/drafters lists yours"}}
+
 
 @router.post(
     "",
@@ -65,6 +71,7 @@ SpecBody = Annotated[JobSpec, Depends(job_spec_body)]
               "model": JobOut},
         201: {"description": "Created and queued."},
         **problem_responses(400, 401, 403, 409, 413, 422, 429, 503),
+        **UNKNOWN_DRAFTER,
     },
 )
 def create(
@@ -124,7 +131,7 @@ def list_(
     response_model=EstimateOut,
     summary="Estimate tokens, steps, time and cost of a job without creating it",
     openapi_extra=JOB_SPEC_BODY,
-    responses=problem_responses(401, 403, 413, 422),
+    responses={**problem_responses(401, 403, 413, 422), **UNKNOWN_DRAFTER},
 )
 def estimate(
     principal: ReadPrincipal,
@@ -165,9 +172,12 @@ def cancel(principal: WritePrincipal, session: SessionDep, job_id: str) -> JobOu
 @router.post(
     "/{job_id}/resume",
     response_model=JobOut,
-    summary="Resume a failed or cancelled job",
+    summary="Resume a failed or cancelled job, or a queued one whose message was lost",
     description="Queues the job again; the worker restarts at the first stage that has not succeeded "
-    "(the failed or cancelled one). Finished stages are not rerun.",
+    "(the failed or cancelled one). Finished stages are not rerun. A job still `queued` with no sign of a worker "
+    f"for {QUEUED_PRESUMED_LOST_SECONDS} s (nothing changed on it: no worker picked it up, no event) is presumed "
+    "to have lost its broker message: resume sends it again (a `job.resumed` event with `requeued: true`); "
+    "sooner it is 409 with `Retry-After`.",
     responses=problem_responses(401, 403, 404, 409, 429, 503),
 )
 def resume(principal: WritePrincipal, session: SessionDep, services: ServicesDep, job_id: str) -> JobOut:

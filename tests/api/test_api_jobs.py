@@ -117,7 +117,7 @@ def test_other_organisations_get_404(harness):
 @pytest.mark.parametrize(
     ("body", "field", "fragment"),
     [
-        ({}, "target", "Field required"),
+        ({}, "target", "required: set target.uri (where the target lives"),
         ({"target": {"uri": "bundled:gpt-17"}}, "target.uri", "unknown bundled target"),
         ({**MINIMAL, "drafter": {"block_size": 64}}, "drafter.block_size", "less than or equal to 32"),
         ({**MINIMAL, "drafter": {"num_layers": 0}}, "drafter.num_layers", "greater than or equal to 1"),

@@ -359,6 +359,22 @@ def test_acceptance_bars_carry_their_counts_and_few_cycles_are_greyed(finished_p
         f"{categories[name]['tau']:.2f} · {categories[name]['cycles']} cycles" for name in sorted(categories)]
 
 
+def test_an_empty_target_reads_as_an_example_and_its_error_says_what_to_type(page, dashboard):
+    """Issue 32: the placeholder was a real target (bundled:smollm2-135m), and Create answered "Field required"."""
+    sign_in(page, dashboard.key, "/#/jobs/new")
+    field = page.get_by_label("Target URI")
+    expect(field).to_have_value("")
+    expect(field).to_have_attribute("placeholder", "e.g. hf://your-org/your-model")
+    jobs_before = len(dashboard.api("GET", "/v1/jobs", params={"limit": 100}).json()["data"])
+    page.get_by_role("button", name="Create job").click()
+    error = page.locator('[data-error-for="target.uri"]')  # at the field to type in, not on its section
+    expect(error).to_contain_text("required: set target.uri")
+    expect(error).to_contain_text("e.g. bundled:smollm2-135m")
+    expect(field).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#form-errors")).to_contain_text("target: required: set target.uri")
+    assert len(dashboard.api("GET", "/v1/jobs", params={"limit": 100}).json()["data"]) == jobs_before
+
+
 def test_new_job_form_in_sections_with_human_labels_and_the_estimate_in_view(page, dashboard):
     schemas = dashboard.api("GET", "/openapi.json").json()["components"]["schemas"]
     sign_in(page, dashboard.key, "/#/jobs/new")
@@ -377,7 +393,7 @@ def test_new_job_form_in_sections_with_human_labels_and_the_estimate_in_view(pag
     assert {"Target URI", "Top-p", "Number of layers", "ZeRO stage", "Job name"} <= {label.strip(" *") for label in labels}
     sections = form.locator("details.form-section")
     titles = sections.locator("> summary .section-title").all_inner_texts()
-    assert titles == ["Target", "Sampling", "Drafter", "Data", "Training", "Validation", "Warm start", "Publish"]
+    assert titles == ["Target", "Sampling", "Drafter", "Data", "Training", "Validation", "Compute", "Warm start", "Publish"]
     assert [s.get_attribute("open") is not None for s in sections.all()] == [t == "Target" for t in titles]
     expect(form.locator('[data-digest="training"]')).to_have_text("defaults")
     assert form.bounding_box()["height"] < 1200  # was one 4,600-pixel column

@@ -87,6 +87,16 @@ function rangeText(schema) {
  * One control for one leaf property: {field, input, path, label, read(), required, isDefault(value), wide}.
  * read() gives the value to send (undefined: leave the API's default).
  */
+// A placeholder must read as an example, never as a value already filled in: the target's first example
+// (bundled:smollm2-135m) is a real target, and a user who took it for the field's value submitted an empty form.
+const PLACEHOLDERS = { "target.uri": "e.g. hf://your-org/your-model" };
+
+export function placeholderOf(path, schema) {
+  if (PLACEHOLDERS[path]) return PLACEHOLDERS[path];
+  const example = (schema.examples || [])[0];
+  return example === undefined || example === null ? null : `e.g. ${example}`;
+}
+
 export function control(path, info, required, label) {
   const id = `f-${path.replace(/\./g, "-")}`;
   const { kind, schema, nullable } = info;
@@ -141,7 +151,7 @@ export function control(path, info, required, label) {
     const long = (schema.maxLength || 0) > 4096; // free text (a system prompt), not a URI or a name
     wide = long || (schema.maxLength || 0) >= 1024; // URIs and free text get the section's whole width
     input = h(long ? "textarea" : "input", { id, name: path, type: long ? null : "text", rows: long ? 3 : null,
-                                             value: dflt ?? "", placeholder: (schema.examples || [])[0] || null,
+                                             value: dflt ?? "", placeholder: placeholderOf(path, schema),
                                              autocomplete: "off" });
     read = () => (input.value === "" ? undefined : input.value);
   }

@@ -155,8 +155,12 @@ export function jobForm(main) {
     const unplaced = [];
     const placed = [];
     for (const error of errors) {
-      // The most specific field or fieldset the error names: publish.0.uri -> publish.
+      // The most specific field or fieldset the error names: publish.0.uri -> publish. A missing group
+      // ("target" when nothing was typed) is shown at the empty required field inside it (target.uri),
+      // where the user has to type.
       let path = error.field || "";
+      const empty = controls.find((c) => c.required && c.path.startsWith(`${path}.`) && c.read() === undefined);
+      if (empty) path = empty.path;
       let slot = null;
       while (path && !(slot = form.querySelector(`[data-error-for="${CSS.escape(path)}"]`))) path = path.split(".").slice(0, -1).join(".");
       if (!slot) { unplaced.push(error); continue; }
