@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from api.schemas import EstimateOut, GpuEstimate, PresetEstimate
 from schemas.bounds import plausible_target_parameters_billion
-from schemas.job_spec import JobSpec
+from schemas.job_spec import BUNDLED_PARAMETERS_BILLION, JobSpec
 from schemas.presets import choose_preset
 from schemas.prompts import BUILTIN_PROMPT_COUNT, prompts_to_draw
 from schemas.validation_plan import validation_tokens
@@ -45,7 +45,6 @@ GPU_CLASSES: dict[str, GpuClass] = {
     )
 }
 DEFAULT_TARGET_PARAMS_B = 8.0
-BUNDLED_PARAMS_B = {"bundled:smollm2-135m": 0.135}
 MULTI_GPU_EFFICIENCY = 0.85  # data parallel loses some throughput to communication
 BATCH_ONE_SLOWDOWN = 7.0
 """Batch-1 decoding (validation's timed subset) against the batched rate: 31 vs 215 tokens/s for SmolLM2-135M on
@@ -58,8 +57,9 @@ def target_parameters(spec: JobSpec, override: float | None) -> tuple[float, str
     """Target size in billions, and how we know it."""
     if override is not None:
         return override, f"target size {override:g}B as given (target_parameters_billion)"
-    if spec.target.uri in BUNDLED_PARAMS_B:
-        size = BUNDLED_PARAMS_B[spec.target.uri]
+    scheme, _, name = spec.target.uri.partition(":")
+    if scheme == "bundled" and name in BUNDLED_PARAMETERS_BILLION:
+        size = BUNDLED_PARAMETERS_BILLION[name]
         return size, f"target size {size:g}B (bundled model)"
     match = _PARAMS_IN_NAME_RE.search(spec.target.uri.rsplit("/", 1)[-1])
     # A size the name states must be plausible: "0b" would divide by zero, "99999999b" overflow.

@@ -36,6 +36,8 @@ from schemas.prompts import BUILTIN_PROMPT_COUNT, MAX_PROMPTS_PER_JOB
 from schemas.sampling import SamplingParams
 
 BUNDLED_TARGETS: frozenset[str] = frozenset({"smollm2-135m"})
+BUNDLED_PARAMETERS_BILLION: dict[str, float] = {"smollm2-135m": 0.135}
+"""Each bundled target's size, for the estimate and the gpu preset's sizing (the one table of it)."""
 TARGET_SCHEMES = "hf://org/name@revision, s3://bucket/prefix, file:///absolute/path or bundled:NAME"
 READ_CREDENTIALS = ("A private hf:// repo is read with the organisation's own Hub token (a secret named "
                     "hf.<namespace> or hf), a private s3:// bucket with its own credentials (s3.<bucket> or s3); "

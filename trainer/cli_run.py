@@ -105,6 +105,8 @@ def target_parameters_billion(uri: str) -> float | None:
     """The target's size in billions of parameters, as far as its config tells without loading it (a bundled
     target's known size, a local directory's config.json); None when unknown."""
     if uri.startswith("bundled:"):
+        from schemas.job_spec import BUNDLED_PARAMETERS_BILLION
+
         return BUNDLED_PARAMETERS_BILLION.get(uri.removeprefix("bundled:"))
     if not uri.startswith("file://"):
         return None
@@ -123,9 +125,6 @@ def target_parameters_billion(uri: str) -> float | None:
         return (layers * (attention + 3 * hidden * inner) + embeddings) / 1e9
     except (KeyError, TypeError, ZeroDivisionError):
         return None
-
-
-BUNDLED_PARAMETERS_BILLION = {"smollm2-135m": 0.135}
 
 
 def parse_spec(body: dict):

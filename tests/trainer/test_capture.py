@@ -11,20 +11,11 @@ import torch
 
 from schemas.sampling import SamplingParams
 from trainer.data.capture import capture_batch
-from trainer.data.prompts import load_prompts
+from regeneration_helpers import install_vllm_driver, write_ragged_prompts
 from trainer.data.regenerate import DataError, generate_batch, regenerate, tokenize_prompts
 
 TAPS = [1, 3]
 TOP_K = 8
-
-
-def write_prompts(path, n):
-    """Prompts of different lengths, so batches are ragged and padding matters."""
-    with path.open("w") as handle:
-        for i in range(n):
-            text = " ".join(f"w{(i * 11 + j * 5) % 200}" for j in range(2 + (i * 3) % 9))
-            handle.write(json.dumps({"id": f"p{i}", "category": "c", "prompt": text}) + "\n")
-    return load_prompts(path)
 
 
 def stop_early(target, monkeypatch, prompt_ids, params, seed=None):
@@ -57,7 +48,7 @@ def assert_same_capture(expected, got):
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_capture_of_the_loops_responses_equals_what_the_loop_captured(tiny_qwen3, tmp_path, monkeypatch, sampled):
-    prompts = write_prompts(tmp_path / "p.jsonl", 6)
+    prompts = write_ragged_prompts(tmp_path / "p.jsonl", 6)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12) if sampled \
         else SamplingParams(max_new_tokens=12)
     prompt_ids = tokenize_prompts(tiny_qwen3, prompts, params)
@@ -74,7 +65,7 @@ def test_capture_of_the_loops_responses_equals_what_the_loop_captured(tiny_qwen3
 
 
 def test_capture_without_cached_taps_or_teacher(tiny_qwen3, tmp_path):
-    prompts = write_prompts(tmp_path / "p.jsonl", 3)
+    prompts = write_ragged_prompts(tmp_path / "p.jsonl", 3)
     params = SamplingParams(max_new_tokens=5)
     prompt_ids = tokenize_prompts(tiny_qwen3, prompts, params)
     for taps, top_k in [(None, TOP_K), (TAPS, 0), (None, 0)]:  # online taps (over the cache budget), no teacher
@@ -104,7 +95,7 @@ class ReplayBackend:
 
 
 def test_regeneration_through_a_backend_stores_what_the_builtin_loop_stores(tiny_qwen3, tmp_path, monkeypatch):
-    prompts = write_prompts(tmp_path / "p.jsonl", 7)
+    prompts = write_ragged_prompts(tmp_path / "p.jsonl", 7)
     params = SamplingParams(max_new_tokens=10)
     stop_early(tiny_qwen3, monkeypatch, tokenize_prompts(tiny_qwen3, prompts, params), params)
     kwargs = dict(tap_layer_ids=TAPS, shard_size=4, batch_size=3, teacher_top_k=TOP_K)  # 2 shards, ragged batches
@@ -139,18 +130,7 @@ for line in sys.stdin:
 
 @pytest.fixture
 def fake_vllm(tiny_qwen3, tmp_path, monkeypatch):
-    import shutil
-    import sys
-
-    from trainer.data import vllm_backend
-
-    driver = tmp_path / "driver.py"
-    driver.write_text(FAKE_DRIVER)
-    monkeypatch.setenv("DRAFTSMITH_VLLM_PYTHON", sys.executable)
-    monkeypatch.setattr(vllm_backend, "DRIVER", driver)
-    shutil.copytree(tiny_qwen3.path, tmp_path / "target")  # the stand-in logs its requests into the target folder
-    monkeypatch.setattr(tiny_qwen3, "path", tmp_path / "target")
-    return tiny_qwen3
+    return install_vllm_driver(tiny_qwen3, tmp_path, monkeypatch, FAKE_DRIVER)  # it logs requests into the target
 
 
 def test_vllm_backend_speaks_one_line_each_way_and_adds_up_its_time(fake_vllm):

@@ -4,27 +4,17 @@ and resumed writes exactly what an uninterrupted run writes."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 
 import pytest
 
+from regeneration_helpers import install_vllm_driver, write_ragged_prompts
 from schemas.sampling import SamplingParams
-from trainer.data.prompts import load_prompts
 from trainer.data.regenerate import StopPoll, regenerate
 from trainer.errors import StageInterrupted
 
 TAPS = [1, 3]
-
-
-def write_prompts(path, n):
-    with path.open("w") as handle:
-        for i in range(n):
-            text = " ".join(f"w{(i * 11 + j * 5) % 200}" for j in range(2 + (i * 3) % 9))
-            handle.write(json.dumps({"id": f"p{i}", "category": "c", "prompt": text}) + "\n")
-    return load_prompts(path)
 
 
 def data_files(root) -> dict[str, bytes]:
@@ -47,7 +37,7 @@ def test_stop_poll_asks_at_most_once_per_interval_unless_forced():
 
 def test_a_stop_mid_batch_ends_generation_within_a_decode_step_and_the_resume_is_byte_identical(tiny_qwen3,
                                                                                              tmp_path):
-    prompts = write_prompts(tmp_path / "p.jsonl", 10)
+    prompts = write_ragged_prompts(tmp_path / "p.jsonl", 10)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, seed=5)
     # One batch per shard: before issue 32 a stop could only be seen between shards here.
     kwargs = dict(tap_layer_ids=TAPS, shard_size=5, batch_size=5, teacher_top_k=4)
@@ -82,7 +72,7 @@ def test_a_stop_mid_batch_ends_generation_within_a_decode_step_and_the_resume_is
 
 
 def test_progress_and_polls_do_not_change_a_greedy_data_set_and_reach_one(tiny_qwen3, tmp_path):
-    prompts = write_prompts(tmp_path / "p.jsonl", 6)
+    prompts = write_ragged_prompts(tmp_path / "p.jsonl", 6)
     params = SamplingParams(max_new_tokens=16)
     kwargs = dict(tap_layer_ids=TAPS, shard_size=4, batch_size=3, teacher_top_k=4)
     regenerate(tiny_qwen3, prompts, params, tmp_path / "quiet", **kwargs)
@@ -99,7 +89,7 @@ def test_progress_and_polls_do_not_change_a_greedy_data_set_and_reach_one(tiny_q
 
 
 def test_the_poll_inside_a_batch_is_rate_limited(tiny_qwen3, tmp_path):
-    prompts = write_prompts(tmp_path / "p.jsonl", 4)
+    prompts = write_ragged_prompts(tmp_path / "p.jsonl", 4)
     asked = []
     regenerate(tiny_qwen3, prompts, SamplingParams(max_new_tokens=24), tmp_path / "d", tap_layer_ids=TAPS,
                shard_size=4, batch_size=4, should_stop=lambda: asked.append(time.monotonic()) or False,
@@ -128,23 +118,13 @@ for line in sys.stdin:
 
 @pytest.fixture
 def slow_vllm(tiny_qwen3, tmp_path, monkeypatch):
-    import shutil
-
-    from trainer.data import vllm_backend
-
-    driver = tmp_path / "slow_driver.py"
-    driver.write_text(SLOW_DRIVER)
-    monkeypatch.setenv("DRAFTSMITH_VLLM_PYTHON", sys.executable)
-    monkeypatch.setattr(vllm_backend, "DRIVER", driver)
-    shutil.copytree(tiny_qwen3.path, tmp_path / "target")
-    monkeypatch.setattr(tiny_qwen3, "path", tmp_path / "target")
-    return tiny_qwen3
+    return install_vllm_driver(tiny_qwen3, tmp_path, monkeypatch, SLOW_DRIVER, "slow_driver.py")
 
 
 def test_a_stop_while_vllm_answers_kills_its_driver_within_seconds_and_keeps_written_shards(slow_vllm, tmp_path):
     from trainer.data.vllm_backend import VllmResponses
 
-    prompts = write_prompts(tmp_path / "p.jsonl", 7)
+    prompts = write_ragged_prompts(tmp_path / "p.jsonl", 7)
     params = SamplingParams(max_new_tokens=8)
     kwargs = dict(tap_layer_ids=TAPS, shard_size=4, batch_size=4, teacher_top_k=4)
     with VllmResponses(slow_vllm) as backend:
