@@ -46,14 +46,12 @@ def main() -> None:
     from trainer.drafter.checkpoint import load_drafter
     from trainer.drafter.draft_vocab import coverage, frequency_ranked_vocab
     from trainer.speculative import SpeculativeDecoder
-    from trainer.device import resolve_device
-    from trainer.targets import load_target
+    from trainer.device import load_target_on
     from trainer.targets.bundled import resolve_target_path
     from trainer.validation.replay import load_references, replay_acceptance
     from trainer.validation.report import measure_step_costs
 
-    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
-    target = load_target(resolve_target_path(args.target), device=plan.device, dtype=plan.dtype)
+    target = load_target_on(resolve_target_path(args.target), args.device)
     drafter = load_drafter(args.drafter)
     block = drafter.config.block_size
     responses = [e.input_ids[e.prompt_len:] for e in DataStore.open(args.data).examples(with_hidden=False,

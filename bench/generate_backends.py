@@ -53,13 +53,11 @@ def main() -> None:
     from trainer.data.regenerate import TEACHER_TOP_K, generate_batch, tokenize_prompts
     from trainer.data.vllm_backend import VllmResponses
     from trainer.drafter.config import default_target_layer_ids
-    from trainer.device import resolve_device
-    from trainer.targets import load_target
+    from trainer.device import load_target_on
     from trainer.targets.bundled import resolve_target_path
 
     load_before = os.getloadavg()
-    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
-    target = load_target(resolve_target_path(args.target), device=plan.device, dtype=plan.dtype)
+    target = load_target_on(resolve_target_path(args.target), args.device)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, seed=args.seed)
     taps = default_target_layer_ids(target.num_layers, recipe.NUM_LAYERS)
     prompt_ids = sorted(tokenize_prompts(target, draw_prompts("builtin", args.prompts, args.seed), params), key=len)

@@ -294,8 +294,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from trainer.data.store import DataStore
-    from trainer.device import resolve_device
-    from trainer.targets import load_target
+    from trainer.device import load_target_on
     from trainer.targets.bundled import resolve_target_path
     from trainer.targets.chat import choose_mask_token_id
 
@@ -303,8 +302,7 @@ def main() -> None:
     args.specforge_set = {k: json.loads(v) for k, v in (item.split("=", 1)
                                                         for item in filter(None, args.specforge_set.split(";")))}
     args.target_dir = resolve_target_path(args.target)
-    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
-    target = load_target(args.target_dir, device=plan.device, dtype=plan.dtype)
+    target = load_target_on(args.target_dir, args.device)
     store = DataStore.open(args.data)
     heldout_prompts(store.meta["prompt_ids"])  # before any row trains
     args.mask_token_id, _ = choose_mask_token_id(target.tokenizer, target.vocab_size)

@@ -196,15 +196,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from schemas import recipe
     from trainer.data.store import DataStore
-    from trainer.device import resolve_device
-    from trainer.targets import load_target
+    from trainer.device import load_target_on
     from trainer.targets.bundled import resolve_target_path
     from trainer.targets.chat import choose_mask_token_id
 
     args.steps = args.steps or recipe.TRAIN_STEPS
     args.block_size = args.block_size or recipe.BLOCK_SIZE
-    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
-    target = load_target(resolve_target_path(args.target), device=plan.device, dtype=plan.dtype)
+    target = load_target_on(resolve_target_path(args.target), args.device)
     store = DataStore.open(args.data)
     heldout_prompts(store.meta["prompt_ids"])  # before any row trains
 

@@ -54,13 +54,11 @@ def main() -> None:
     from schemas import recipe
     from trainer.data.prompts import load_prompts, split_prompts
     from trainer.drafter.checkpoint import load_drafter
-    from trainer.device import resolve_device
-    from trainer.targets import load_target
+    from trainer.device import load_target_on
     from trainer.targets.bundled import resolve_target_path
     from trainer.validation.replay import bootstrap_interval
 
-    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
-    target = load_target(resolve_target_path(args.target), device=plan.device, dtype=plan.dtype)
+    target = load_target_on(resolve_target_path(args.target), args.device)
     _, holdout = split_prompts(load_prompts(), recipe.HOLDOUT_SHARE)
     first = None
     for path in args.drafter:

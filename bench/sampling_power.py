@@ -36,14 +36,12 @@ def main() -> None:
     from trainer.data.prompts import load_prompts, split_prompts
     from trainer.drafter.checkpoint import load_drafter
     from trainer.speculative import SpeculativeDecoder
-    from trainer.device import resolve_device
-    from trainer.targets import load_target
+    from trainer.device import load_target_on
     from trainer.targets.bundled import resolve_target_path
     from trainer.targets.chat import render_prompt
     from trainer.validation.sampling_test import sampling_lossless_test
 
-    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
-    target = load_target(resolve_target_path(args.target), device=plan.device, dtype=plan.dtype)
+    target = load_target_on(resolve_target_path(args.target), args.device)
     drafter = load_drafter(args.drafter)
     decoder = SpeculativeDecoder(target, drafter, block_size=args.block_size)
     _, holdout = split_prompts(load_prompts(), recipe.HOLDOUT_SHARE)

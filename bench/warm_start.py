@@ -245,11 +245,8 @@ def main() -> None:
     import torch
 
     from trainer.data.regenerate import regenerate
-    from trainer.device import resolve_device
-    from trainer.targets import load_target
+    from trainer.device import load_target_on
     from trainer.targets.bundled import resolve_target_path
-
-    plan = resolve_device(args.device)  # the one device decision (trainer/device.py)
 
     torch.set_num_threads(2)
     base_dir = resolve_target_path("smollm2-135m")
@@ -268,7 +265,7 @@ def main() -> None:
                                         log=log)
         log(f"fine-tune: {results['finetune']}")
         save()
-        base = load_target(base_dir, device=plan.device, dtype=plan.dtype)
+        base = load_target_on(base_dir, args.device)
         if args.base_drafter and not (work / "base-drafter" / "run.json").is_file():
             shutil.copytree(args.base_drafter, work / "base-drafter" / "drafter", dirs_exist_ok=True)
             metrics = args.base_drafter.parent / "metrics.jsonl"
@@ -282,8 +279,8 @@ def main() -> None:
         save()
         base_refs = references(base, held_out, work / "refs-base")
         del base
-        tuned = load_target(tuned_dir, device=plan.device, dtype=plan.dtype)
-        results["fingerprints"] = {"base": load_target(base_dir, device=plan.device, dtype=plan.dtype).fingerprint,
+        tuned = load_target_on(tuned_dir, args.device)
+        results["fingerprints"] = {"base": load_target_on(base_dir, args.device).fingerprint,
                                    "finetuned": tuned.fingerprint}
         if not (tuned_data / "COMPLETE").is_file():
             started, cpu0, load0 = time.perf_counter(), cpu_seconds(), load()
@@ -294,7 +291,7 @@ def main() -> None:
             save()
             log(f"regenerated: {results['finetuned_data']}")
         tuned_refs = references(tuned, held_out, work / "refs-finetuned")
-        base_target = load_target(base_dir, device=plan.device, dtype=plan.dtype)
+        base_target = load_target_on(base_dir, args.device)
         results["base_drafter_on_base"] = held_out_tau(base_target, work / "base-drafter" / "drafter", base_refs)
         results["base_drafter_on_finetuned"] = held_out_tau(tuned, work / "base-drafter" / "drafter", tuned_refs)
         changed = sum(a.tokens != b.tokens for a, b in zip(base_refs, tuned_refs, strict=True))
@@ -304,7 +301,7 @@ def main() -> None:
         save()
 
     if args.phase in ("curves", "all"):
-        tuned = load_target(tuned_dir, device=plan.device, dtype=plan.dtype)
+        tuned = load_target_on(tuned_dir, args.device)
         tuned_refs = references(tuned, held_out, work / "refs-finetuned")
         curves = results.setdefault("curves", {})
         parent = work / "base-drafter" / "drafter"

@@ -53,15 +53,6 @@ def device_options(command=None, *, default: str | None = "auto"):
     return decorate(command) if command is not None else decorate
 
 
-def load_target_on(path, device: str, dtype: str, **options):
-    """A target directory loaded on the device `--device`/`--dtype` resolve to (trainer/device.py)."""
-    from trainer.device import resolve_device
-    from trainer.targets import load_target
-
-    plan = resolve_device(device, dtype)
-    return load_target(path, device=plan.device, dtype=plan.dtype, **options)
-
-
 @click.group()
 def target() -> None:
     """Prepare and inspect target models."""
@@ -85,6 +76,7 @@ def target_prepare(name: str, out_dir: Path) -> None:
 @user_errors
 def target_inspect(path: Path, allow_pickle: bool, device: str, dtype: str) -> None:
     """Check a target directory and print what a drafter would be built from."""
+    from trainer.device import load_target_on
     from trainer.targets.chat import choose_mask_token_id
 
     loaded = load_target_on(path, device, dtype, allow_pickle=allow_pickle)
@@ -116,6 +108,7 @@ def decode(target_dir, drafter_dir, prompt, max_new_tokens, temperature, top_p, 
            dtype) -> None:
     """Generate one response, speculatively when a drafter is given, and print tau and speed."""
     from schemas.sampling import SamplingParams
+    from trainer.device import load_target_on
     from trainer.drafter.checkpoint import load_drafter
     from trainer.sampling import seeded_generator
     from trainer.speculative import SpeculativeDecoder

@@ -111,3 +111,12 @@ def synchronize(device: torch.device | str) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def load_target_on(path, device: str = DEVICE_AUTO, dtype: str = "auto", **options):
+    """A target directory loaded where `device`/`dtype` resolve to, for callers that need the target, not the plan
+    (the per-stage commands, the benches); `options` go to load_target (allow_pickle, ...)."""
+    from trainer.targets import load_target
+
+    plan = resolve_device(device, dtype)
+    return load_target(path, device=plan.device, dtype=plan.dtype, **options)
