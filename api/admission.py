@@ -40,7 +40,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.problems import Unauthenticated, problem_headers, problem_status, send_problem
-from api.settings import Settings
+from domain.settings import Settings
 
 log = logging.getLogger("draftsmith.api")
 UNQUEUED_PATHS = frozenset({"/healthz", "/readyz"})

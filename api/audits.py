@@ -27,10 +27,10 @@ from sqlalchemy.orm import Session
 
 from api.drafters import get_drafter_for_org
 from api.jobs import lock_org_and_count_active, parse_spec, refuse_if_full, uploaded_prompt_count
-from api.models import Audit, Job, Organisation, new_id, utcnow
+from domain.models import Audit, Job, Organisation, new_id, utcnow
 from domain.errors import InvalidTransition, NotFound, ServiceUnavailable
-from api.redaction import redact_text
-from api.settings import Settings
+from domain.redaction import redact_text
+from domain.settings import Settings
 from api.storage_scope import check_spec_storage
 from api.usage import check_quota
 from schemas.audit import AuditSpec, AuditThresholds, resolved

@@ -17,9 +17,9 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.models import ApiKey, Organisation, utcnow
+from domain.models import ApiKey, Organisation, utcnow
 from api.problems import Forbidden, Unauthenticated
-from api.settings import Settings
+from domain.settings import Settings
 
 KEY_PREFIX = "dsk_"
 SCOPES = ("read", "write", "admin")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from pydantic import ValidationError
 
-from api.settings import Settings, load_settings
+from domain.settings import Settings, load_settings
 
 
 def _settings(**overrides: object) -> Settings:
@@ -97,8 +97,8 @@ def create(org_name: str, scopes: tuple[str, ...], name: str, max_concurrent_job
            monthly_tokens_trained: int | None, database_url: str | None) -> None:
     """Create an API key and print it (it is shown only this once)."""
     from api.auth import create_api_key
-    from api.db import create_db_engine, create_session_factory
-    from api.models import Organisation
+    from domain.db import create_db_engine, create_session_factory
+    from domain.models import Organisation
 
     settings = _settings(database_url=database_url)
     engine = create_db_engine(settings.database_url)
@@ -129,8 +129,8 @@ def create(org_name: str, scopes: tuple[str, ...], name: str, max_concurrent_job
 @click.option("--database-url", default=None, help="Overrides DRAFTSMITH_DATABASE_URL.")
 def revoke(key_id: str, database_url: str | None) -> None:
     """Revoke the key KEY_ID (key_...); requests with it then get 401."""
-    from api.db import create_db_engine, create_session_factory
-    from api.models import ApiKey, utcnow
+    from domain.db import create_db_engine, create_session_factory
+    from domain.models import ApiKey, utcnow
 
     settings = _settings(database_url=database_url)
     engine = create_db_engine(settings.database_url)

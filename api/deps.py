@@ -30,10 +30,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.admission import PRINCIPAL_STATE_KEY
 from api.auth import Principal, authenticate
-from api.db import PoolLimits, create_db_engine, create_session_factory
-from api.queue import CeleryQueue, RecordingQueue, queue_from_settings
-from api.settings import Settings, load_settings
-from api.storage import LocalStorage, S3Storage, storage_from_settings
+from domain.db import PoolLimits, create_db_engine, create_session_factory
+from domain.queue import CeleryQueue, RecordingQueue, queue_from_settings
+from domain.settings import Settings, load_settings
+from domain.storage import LocalStorage, S3Storage, storage_from_settings
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.models import Artifact, Drafter, Job, Publication, utcnow
+from domain.models import Artifact, Drafter, Job, Publication, utcnow
 from domain.errors import FieldError, InvalidRequest, NotFound
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
 

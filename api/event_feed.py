@@ -7,7 +7,7 @@ takes its events from that window; only a stream that is further behind than the
 with an old Last-Event-ID) reads the database itself, until it has caught up. An idle stream therefore
 costs no query and holds no connection; the feed's poll holds one for the duration of one query.
 
-Ordering is what `api/events.py` guarantees: events become visible in sequence order, so "everything
+Ordering is what `domain/events.py` guarantees: events become visible in sequence order, so "everything
 after seq N" read at any moment has no gaps, and the window is always a contiguous run of sequence
 numbers ending at the feed's `last_seq`.
 """

@@ -24,8 +24,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.drafters import check_warm_start
-from api.events import append_event
-from api.models import Audit, Job, JobLabel, Organisation, PromptFile, StageRun, new_id, utcnow
+from domain.events import append_event
+from domain.models import Audit, Job, JobLabel, Organisation, PromptFile, StageRun, new_id, utcnow
 from domain.errors import (
     FieldError,
     IdempotencyConflict,
@@ -36,10 +36,10 @@ from domain.errors import (
     TooManyActiveJobs,
     field_errors_from_pydantic,
 )
-from api.queue import CeleryQueue, RecordingQueue
-from api.redaction import redact_text
+from domain.queue import CeleryQueue, RecordingQueue
+from domain.redaction import redact_text
 from api.secrets import check_referenced_secrets
-from api.settings import Settings
+from domain.settings import Settings
 from api.states import ACTIVE_STATUSES, STAGE_ORDER, JobStatus, Stage, transition
 from api.storage_scope import StorageScopeError, check_spec_storage, refuse_link_loops, spec_storage_uris
 from api.usage import check_quota

@@ -22,9 +22,9 @@ from api.deps import services_for
 from api.edge import JsonBodyMiddleware, refuse_control_characters
 from api.observability import ApiMetrics, BodySizeLimitMiddleware, RequestMetricsMiddleware
 from api.problems import PROBLEM_MEDIA_TYPE, UnhandledErrorMiddleware, install_problem_handlers
-from api.redaction import install_log_redaction, register_secret_values, secret_setting_values
+from domain.redaction import install_log_redaction, register_secret_values, secret_setting_values
 from api.routes import audits, drafters, files, health, job_data, jobs, secrets, usage, webhooks
-from api.settings import Settings
+from domain.settings import Settings
 from api.webhooks import dispatch_due_webhooks
 from draftsmith import __version__
 

@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.models import Job, WebhookDelivery
+from domain.models import Job, WebhookDelivery
 from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE
 from api.states import JobStatus
 

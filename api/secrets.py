@@ -22,9 +22,9 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from api.models import OrgSecret, utcnow
+from domain.models import OrgSecret, utcnow
 from domain.errors import FieldError, InvalidRequest, NotFound
-from api.settings import Settings
+from domain.settings import Settings
 from api.storage_scope import s3_secret_problems
 from schemas.job_spec import SECRET_NAME_PATTERN, JobSpec
 

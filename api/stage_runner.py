@@ -4,7 +4,7 @@ Each function takes a SQLAlchemy `Session` and a job id, does its work in one tr
 **commits** before returning. State changes go through `api.states.transition`, the same guard the
 HTTP routes use. Build a session the way the API does:
 
-    from api.db import create_db_engine, create_session_factory
+    from domain.db import create_db_engine, create_session_factory
     factory = create_session_factory(create_db_engine(settings.database_url))
 
 A Celery task `draftsmith.run_job(job_id)` is expected to loop:
@@ -55,12 +55,12 @@ from pathlib import Path
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from api.events import append_event
+from domain.events import append_event
 from api.jobs import next_stage
-from api.models import Artifact, Job, MetricPoint, Publication, StageRun, utcnow
+from domain.models import Artifact, Job, MetricPoint, Publication, StageRun, utcnow
 from domain.errors import CancellationPending, InvalidTransition, NotFound, StageBusy, StageConflict
 from api.states import RUNNING_STATUSES, STAGE_ORDER, STATUS_OF_STAGE, JobStatus, Stage, transition
-from api.storage import LocalStorage, S3Storage, check_key
+from domain.storage import LocalStorage, S3Storage, check_key
 
 __all__ = [
     "CancellationPending", "StageBusy", "StageConflict", "acknowledge_cancellation", "artifact_storage_key",

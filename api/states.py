@@ -19,8 +19,8 @@ from enum import StrEnum
 
 from sqlalchemy.orm import Session
 
-from api.events import append_event
-from api.models import Job, utcnow
+from domain.events import append_event
+from domain.models import Job, utcnow
 from domain.errors import InvalidTransition
 from api.webhooks import enqueue_job_webhooks
 from schemas.stages import STAGE_ORDER, Stage  # the one list of stage names (re-exported here)

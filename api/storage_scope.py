@@ -57,8 +57,8 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
-from api.settings import Settings
-from api.storage import check_key
+from domain.settings import Settings
+from domain.storage import check_key
 from domain.s3_endpoints import (
     endpoint_path,
     is_endpoint_host,
@@ -409,7 +409,7 @@ def tenant_for(session: object, org_id: str) -> Tenant:
     """The tenant, answering from the database through `session` (a SQLAlchemy session)."""
     from sqlalchemy import select
 
-    from api.models import Job, OrgSecret
+    from domain.models import Job, OrgSecret
 
     def owns_job(job_id: str) -> bool:
         return session.scalar(select(Job.id).where(Job.id == job_id, Job.org_id == org_id)) is not None  # type: ignore[attr-defined]

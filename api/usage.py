@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.models import Organisation, UsageRecord, utcnow
+from domain.models import Organisation, UsageRecord, utcnow
 from domain.errors import QuotaExceeded
-from api.settings import Settings
+from domain.settings import Settings
 
 COUNTERS = ("compute_seconds", "tokens_generated", "tokens_trained")
 

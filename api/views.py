@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from api.drafters import drafter_chain, publications_by_job
 from api.jobs import load_stored_spec
-from api.models import Audit, Drafter, Job, JobLabel, Publication, StageRun
+from domain.models import Audit, Drafter, Job, JobLabel, Publication, StageRun
 from api.schemas import (
     AuditError,
     AuditOut,

@@ -31,10 +31,10 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.drafters import rollout_summary
-from api.models import Job, JobLabel, Webhook, WebhookAttempt, WebhookDelivery, utcnow
-from api.outbound import OutboundRefused, check_outbound_url, check_url_syntax, outbound_client, send_pinned
-from api.redaction import redact_url
-from api.settings import Settings
+from domain.models import Job, JobLabel, Webhook, WebhookAttempt, WebhookDelivery, utcnow
+from domain.outbound import OutboundRefused, check_outbound_url, check_url_syntax, outbound_client, send_pinned
+from domain.redaction import redact_url
+from domain.settings import Settings
 
 WEBHOOK_EVENT_TYPES = ("job.started", "job.stage_changed", "job.succeeded", "job.failed", "job.cancelled")
 SECRET_PREFIX = "whsec_"
@@ -55,7 +55,7 @@ def sign_payload(secret: str, msg_id: str, timestamp: int, body: str) -> str:
 
 def check_webhook_url(url: str, *, allow_private: bool) -> str | None:
     """Why `url` is unacceptable as written, or None (no DNS lookup: registration and every delivery
-    also resolve the host and check each address, see api/outbound.py)."""
+    also resolve the host and check each address, see domain/outbound.py)."""
     return check_url_syntax(url, allow_private=allow_private)
 
 

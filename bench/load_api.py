@@ -237,8 +237,8 @@ def seed(settings: object, jobs: int) -> tuple[str, str, str]:
     job running in `train` (for the SSE streams). Returns (key, finished job id, running job id)."""
     from api import stage_runner as runner
     from api.auth import create_api_key
-    from api.db import create_db_engine, create_session_factory
-    from api.models import Job, new_id
+    from domain.db import create_db_engine, create_session_factory
+    from domain.models import Job, new_id
     from api.states import STAGE_ORDER, JobStatus, Stage
 
     engine = create_db_engine(settings.database_url)  # type: ignore[attr-defined]
@@ -269,7 +269,7 @@ def seed(settings: object, jobs: int) -> tuple[str, str, str]:
 
 def event_writer(settings: object, job_id: str, stop: threading.Event, interval: float) -> None:
     from api import stage_runner as runner
-    from api.db import create_db_engine, create_session_factory
+    from domain.db import create_db_engine, create_session_factory
 
     engine = create_db_engine(settings.database_url)  # type: ignore[attr-defined]
     factory = create_session_factory(engine)
@@ -295,7 +295,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from migrations.revisions import upgrade
-    from api.settings import Settings
+    from domain.settings import Settings
 
     drop = None
     database_url = args.database_url

@@ -1,4 +1,4 @@
-"""The one rule for reading a database URL, shared by the engines (api/db.py) and the migrations."""
+"""The one rule for reading a database URL, shared by the engines (domain/db.py) and the migrations."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 
 from domain.database_url import normalize_database_url
-from api.models import Base
+from domain.models import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -19,7 +19,7 @@ target_metadata = Base.metadata
 def _database_url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if not url:
-        from api.settings import load_settings
+        from domain.settings import load_settings
 
         url = load_settings().database_url
     return normalize_database_url(url).render_as_string(hide_password=False)

@@ -19,9 +19,9 @@ import threading
 
 from celery import Celery, signals
 
-from api.queue import GENERATE_SHARDS_TASK, RUN_AUDIT_TASK, RUN_JOB_TASK, audit_queue, celery_broker_options, queue_for
-from api.redaction import install_log_redaction, register_secret_values, secret_setting_values
-from api.settings import load_settings
+from domain.queue import GENERATE_SHARDS_TASK, RUN_AUDIT_TASK, RUN_JOB_TASK, audit_queue, celery_broker_options, queue_for
+from domain.redaction import install_log_redaction, register_secret_values, secret_setting_values
+from domain.settings import load_settings
 from schemas.stages import Stage
 from worker.context import current_context
 from worker.errors import infrastructure_errors
@@ -113,7 +113,7 @@ class Reaper(threading.Thread):
 
     def run(self) -> None:
         from api import stage_runner as runner
-        from api.db import create_db_engine, create_session_factory
+        from domain.db import create_db_engine, create_session_factory
 
         settings = _settings
         # No pooled connections in the pool's parent process: forked children must not inherit live sockets.

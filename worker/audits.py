@@ -31,7 +31,7 @@ from api.audits import (
     finish_audit,
     record_audit_usage,
 )
-from api.models import PromptFile
+from domain.models import PromptFile
 from schemas.audit import AuditSpec
 from trainer.errors import DraftsmithError, StageInterrupted
 from worker.context import WorkerContext

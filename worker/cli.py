@@ -17,7 +17,7 @@ QUEUE_KINDS = ("gpu", "cpu")
 def _settings():
     from pydantic import ValidationError
 
-    from api.settings import load_settings
+    from domain.settings import load_settings
 
     try:
         return load_settings()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.db import create_db_engine, create_session_factory
-from api.settings import Settings, load_settings
-from api.storage import LocalStorage, S3Storage, storage_from_settings
+from domain.db import create_db_engine, create_session_factory
+from domain.settings import Settings, load_settings
+from domain.storage import LocalStorage, S3Storage, storage_from_settings
 
 
 @dataclass
@@ -50,7 +50,7 @@ def current_context(queues: frozenset[str] | None = None) -> WorkerContext:
     """This process's context (a forked child gets its own: the pid is part of the key)."""
     pid = os.getpid()
     if pid not in _contexts:
-        from api.queue import all_queues
+        from domain.queue import all_queues
 
         settings = load_settings()
         _contexts[pid] = WorkerContext(settings, queues or frozenset(os.environ.get(

@@ -25,8 +25,8 @@ from pathlib import Path
 from sqlalchemy import select
 
 from api import stage_runner as runner
-from api.models import Artifact, Drafter, Job
-from api.settings import Settings
+from domain.models import Artifact, Drafter, Job
+from domain.settings import Settings
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
 from trainer.errors import DraftsmithError
 from worker.sources import (PRIVATE_BUCKET_HINT, Caller, Resolved, StorageNotAllowed, _fetch_hub, local_file,

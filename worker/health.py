@@ -2,7 +2,7 @@
 
 The health check of worker containers (docker-compose.yml, infra/k8s). It proves what a deployer wants to know,
 that the worker process is up and consuming from the broker the settings name, and it stays cheap: a bare Celery
-client configured exactly as the API's (api/queue.py), never the task modules (torch). Workers name themselves
+client configured exactly as the API's (domain/queue.py), never the task modules (torch). Workers name themselves
 `draftsmith-<kinds>-<pid>@<hostname>` (worker/cli.py), so the check looks for a reply from this host's name.
 
 Use it for readiness, not liveness: a broker outage fails it, and a worker must ride out a broker restart
@@ -17,8 +17,8 @@ import sys
 
 from celery import Celery
 
-from api.queue import celery_broker_options
-from api.settings import Settings, load_settings
+from domain.queue import celery_broker_options
+from domain.settings import Settings, load_settings
 
 
 def worker_answers(settings: Settings, hostname: str, timeout: float) -> bool:

@@ -27,7 +27,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from api import stage_runner as runner
-from api.models import Artifact, Job
+from domain.models import Artifact, Job
 from schemas.job_spec import HuggingFaceDestination, JobSpec, S3Destination
 from trainer.errors import DraftsmithError
 from worker.context import WorkerContext

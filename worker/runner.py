@@ -21,9 +21,9 @@ from collections.abc import Callable
 from enum import StrEnum
 
 from api import stage_runner as runner
-from api.models import Job
+from domain.models import Job
 from domain.errors import InvalidTransition
-from api.queue import queue_for
+from domain.queue import queue_for
 from api.states import TERMINAL_STATUSES, JobStatus
 from schemas.stages import Stage
 from trainer.errors import DraftsmithError, StageInterrupted

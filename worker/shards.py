@@ -1,6 +1,6 @@
 """One job's generate stage on several workers at once (DRAFTSMITH_WORKER_GENERATE_WORKERS > 1).
 
-The worker that claims the stage (the lead) writes a row per shard (api/shards.py), asks N - 1 other GPU-queue
+The worker that claims the stage (the lead) writes a row per shard (domain/shards.py), asks N - 1 other GPU-queue
 workers to help (`draftsmith.generate_shards(job_id)` tasks), and then claims shards itself like any helper.
 Every participant claims one shard at a time, generates it, uploads its files and marks it done; a claim keeps
 beating while its shard runs, and a claim that stops beating (its worker died) is taken over by whoever asks
@@ -19,10 +19,10 @@ from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
-from api import shards as claims_db
+from domain import shards as claims_db
 from api import stage_runner as runner
 from api.jobs import load_stored_spec
-from api.models import Job
+from domain.models import Job
 from api.states import JobStatus
 from schemas.stages import Stage
 from trainer.errors import DraftsmithError, StageInterrupted

@@ -29,10 +29,10 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.redaction import register_secret_values
+from domain.redaction import register_secret_values
 from api.secrets import SecretUnavailable, parse_hub_token, parse_s3_credentials, secret_value
-from api.settings import Settings
-from api.storage import s3_client
+from domain.settings import Settings
+from domain.storage import s3_client
 from api.storage_scope import (
     HUB_SECRETS_HINT,
     StorageScopeError,

@@ -18,8 +18,8 @@ from sqlalchemy import select
 
 from api import stage_runner as runner
 from api.jobs import load_stored_spec
-from api.models import Job, PromptFile
-from api.settings import Settings
+from domain.models import Job, PromptFile
+from domain.settings import Settings
 from schemas.job_spec import JobSpec
 from schemas.stages import Stage
 from trainer.job_config import run_config_from_spec

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from stat import S_ISREG
 
-from api.storage import LocalStorage, S3Storage
+from domain.storage import LocalStorage, S3Storage
 
 SMALL_FILE_BYTES = 1 << 20
 

@@ -12,7 +12,7 @@ import time
 
 from api import stage_runner as runner
 from api.jobs import load_stored_spec
-from api.models import Job
+from domain.models import Job
 from schemas.stages import Stage
 from schemas.validation_plan import validation_tokens
 

@@ -31,11 +31,11 @@ from sqlalchemy import select
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep
 from api.jobs import get_job_for_org
-from api.models import ApiKey, Artifact
+from domain.models import ApiKey, Artifact
 from domain.errors import NotFound
 from api.problems import PayloadTooLarge
 from api.routes.job_data import artifact_response
-from api.settings import Settings
+from domain.settings import Settings
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 LINK_TTL_SECONDS = 120

@@ -17,7 +17,7 @@ from api.audits import (
     parse_audit_spec,
 )
 from api.deps import AdminPrincipal, ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
-from api.models import Organisation
+from domain.models import Organisation
 from domain.errors import FieldError, InvalidRequest
 from api.problems import problem_responses
 from api.schemas import AuditList, AuditOut

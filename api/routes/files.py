@@ -10,7 +10,7 @@ from fastapi import APIRouter, File, Form, UploadFile
 from sqlalchemy import select
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
-from api.models import PromptFile, new_id, utcnow
+from domain.models import PromptFile, new_id, utcnow
 from domain.errors import FieldError, InvalidRequest, NotFound
 from api.problems import PayloadTooLarge, problem_responses
 from api.schemas import FileList, FileOut

@@ -13,10 +13,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.db import ping as ping_database
+from domain.db import ping as ping_database
 from api.deps import services_for
 from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE, problem_responses
-from api.redaction import redact_text
+from domain.redaction import redact_text
 from api.schemas import CapacityOut, HealthOut, ReadinessOut
 from migrations.revisions import check_schema_is_current
 

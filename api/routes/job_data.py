@@ -16,9 +16,9 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import ReadPrincipal, Services, ServicesDep, SessionDep, read_sessions
 from api.event_feed import EventFeeds
-from api.events import events_after
+from domain.events import events_after
 from api.jobs import get_job_for_org
-from api.models import Artifact, Job, JobEvent, MetricPoint
+from domain.models import Artifact, Job, JobEvent, MetricPoint
 from domain.errors import FieldError, InvalidRequest, NotFound
 from api.problems import problem_responses
 from api.schemas import ArtifactList, ArtifactOut, EventList, EventOut, MetricPointOut, MetricsOut, MetricSeries

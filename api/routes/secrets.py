@@ -9,7 +9,7 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import AdminPrincipal, ServicesDep, SessionDep
-from api.models import OrgSecret
+from domain.models import OrgSecret
 from api.problems import problem_responses
 from api.secrets import MAX_SECRET_BYTES, delete_secret, list_secrets, put_secret
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import func, select
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep
-from api.models import Job, Organisation
+from domain.models import Job, Organisation
 from api.problems import problem_responses
 from api.states import ACTIVE_STATUSES
 from api.usage import limits_for, parse_period, period_bounds, usage_between

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from api.deps import AdminPrincipal, SessionDep, SettingsDep
 from api.jobs import lock_organisation
-from api.models import Webhook, WebhookAttempt, WebhookDelivery, utcnow
+from domain.models import Webhook, WebhookAttempt, WebhookDelivery, utcnow
 from domain.errors import FieldError, InvalidRequest, NotFound
 from api.problems import problem_responses
 from api.schemas import (
@@ -22,8 +22,8 @@ from api.schemas import (
     WebhookOut,
     WebhookUpdate,
 )
-from api.outbound import OutboundRefused, check_outbound_url
-from api.settings import Settings
+from domain.outbound import OutboundRefused, check_outbound_url
+from domain.settings import Settings
 from api.webhooks import check_webhook_url, new_webhook_secret
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])

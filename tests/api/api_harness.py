@@ -16,8 +16,8 @@ from sqlalchemy import func, select
 from api.auth import create_api_key
 from api.deps import Services, services_for
 from api.main import create_app
-from api.models import Base
-from api.settings import Settings
+from domain.models import Base
+from domain.settings import Settings
 from fake_stage_runner import FakeStageRunner
 
 TEST_SECRET_KEY = "test-secret-key-" + "k" * 40
@@ -62,7 +62,7 @@ class Harness:
         return self.services.settings
 
     def new_org(self, scopes: tuple[str, ...] = ("read", "write", "admin"), *, limit: int | None = None) -> Org:
-        from api.models import Organisation
+        from domain.models import Organisation
 
         name = f"org-{secrets.token_hex(5)}"
         with self.services.session_factory() as session:

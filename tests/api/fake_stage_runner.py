@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api import stage_runner as runner
 from api.states import JobStatus, Stage
-from api.storage import LocalStorage, S3Storage
+from domain.storage import LocalStorage, S3Storage
 
 
 class FakeStageRunner:
@@ -73,7 +73,7 @@ class FakeStageRunner:
                     break
             self.run_stage(job_id)
         with self.session_factory() as session:
-            from api.models import Job
+            from domain.models import Job
 
             job = session.get(Job, job_id)
             assert job is not None

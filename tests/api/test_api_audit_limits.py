@@ -13,7 +13,7 @@ from datetime import timedelta
 from sqlalchemy import update
 
 from api.audits import audit_heartbeat, claim_audit, take_over_stale_audits
-from api.models import Audit, utcnow
+from domain.models import Audit, utcnow
 
 AUDIT = {"drafter": "hf://acme/drafter", "target": {"uri": "bundled:smollm2-135m"}}
 

@@ -147,7 +147,7 @@ def test_authentication_and_scopes(harness):
 
 
 def test_revoked_key_is_refused(harness):
-    from api.models import ApiKey, utcnow
+    from domain.models import ApiKey, utcnow
 
     org = harness.new_org()
     assert harness.client.get("/v1/jobs", headers=org.headers).status_code == 200

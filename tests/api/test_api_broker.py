@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from api.queue import RUN_JOB_TASK, CeleryQueue
+from domain.queue import RUN_JOB_TASK, CeleryQueue
 from api_harness import build_harness, make_settings
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -96,7 +96,7 @@ def test_embedded_filesystem_broker(sqlite_url, tmp_path):
 
 
 def test_a_resumed_job_goes_to_the_queue_of_its_next_stage(sqlite_harness):
-    from api.queue import queue_for
+    from domain.queue import queue_for
     from api.states import Stage
 
     org, queue = sqlite_harness.new_org(), sqlite_harness.services.queue

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from api.main import create_app
-from api.models import Audit, Job, OrgSecret, Webhook
+from domain.models import Audit, Job, OrgSecret, Webhook
 from api.routes.webhooks import MAX_WEBHOOKS_PER_ORG
 from api.secrets import secret_value
 from api_harness import Harness, build_harness, make_settings

@@ -14,8 +14,8 @@ from threading import Thread
 import httpx
 import pytest
 
-import api.outbound as outbound
-from api.models import utcnow
+import domain.outbound as outbound
+from domain.models import utcnow
 from api.webhooks import dispatch_due_webhooks
 from api_harness import build_harness, make_settings
 from schemas.bounds import resolved_path_within_roots
@@ -210,7 +210,7 @@ def test_no_secret_in_logs_events_or_problems(database_url, tmp_path, caplog, re
     from sqlalchemy import create_engine, text
 
     from api.main import create_app
-    from api.models import JobEvent
+    from domain.models import JobEvent
     from live_server import live_server
 
     caplog.set_level(logging.DEBUG)
@@ -292,7 +292,7 @@ def receiver():
 
 
 def test_log_records_are_redacted_whatever_the_logger():
-    from api.redaction import install_log_redaction, redact_record, register_secret_values
+    from domain.redaction import install_log_redaction, redact_record, register_secret_values
 
     install_log_redaction()
     storage_secret = "s3-secret-" + os.urandom(10).hex()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from api.settings import Settings
+from domain.settings import Settings
 from api.storage_scope import CredentialsNeeded, choose_hub_access, hub_namespace
 from api_harness import TEST_SECRET_KEY, Harness, build_harness, make_settings
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 from sqlalchemy import update
 
 from api.jobs import QUEUED_PRESUMED_LOST_SECONDS
-from api.models import Job, utcnow
+from domain.models import Job, utcnow
 
 UNKNOWN_DRAFTER = "drf_01JABCDEFGHJKMNPQRSTVWXYZ0"
 WARM_START = {"target": {"uri": "bundled:smollm2-135m"}, "init": {"from_drafter": UNKNOWN_DRAFTER}}

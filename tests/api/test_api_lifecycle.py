@@ -9,7 +9,7 @@ import pytest
 
 from api import stage_runner
 from domain.errors import InvalidTransition
-from api.queue import RecordingQueue
+from domain.queue import RecordingQueue
 from api.states import STAGE_ORDER, TRANSITIONS, JobStatus, Stage
 
 
@@ -155,7 +155,7 @@ def test_transition_table_is_closed_and_terminal_states_are_final():
 def test_metrics_downsampling_and_step_range(harness):
     org = harness.new_org()
     job_id = harness.create_job(org)["id"]
-    from api.models import MetricPoint
+    from domain.models import MetricPoint
 
     with harness.services.session_factory() as session:  # bulk insert: 1000 record_metrics commits are slow
         session.add_all(MetricPoint(job_id=job_id, name="loss", step=s, value=float(s)) for s in range(1000))
@@ -176,7 +176,7 @@ def test_metrics_downsampling_and_step_range(harness):
 def test_a_racing_update_is_refused_with_409_not_lost(harness, monkeypatch):
     """The API read a job, the worker changed it, the API's write must not overwrite the worker's."""
     import api.routes.jobs as job_routes
-    from api.models import Job
+    from domain.models import Job
 
     org = harness.new_org()
     job_id = harness.create_job(org)["id"]

@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, inspect, pool
 
 from domain.database_url import normalize_database_url
 from migrations.revisions import current_revision, downgrade, head_revision, upgrade
-from api.models import Base
+from domain.models import Base
 
 
 def _tables(url: str) -> set[str]:

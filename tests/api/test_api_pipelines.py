@@ -10,8 +10,8 @@ import json
 from sqlalchemy import delete, select
 
 from api import stage_runner as runner
-from api.models import Organisation, WebhookDelivery
-from api.queue import RUN_AUDIT_TASK
+from domain.models import Organisation, WebhookDelivery
+from domain.queue import RUN_AUDIT_TASK
 from api.states import Stage
 
 SPEC = {"target": {"uri": "bundled:smollm2-135m"}, "drafter": {"block_size": 4, "num_layers": 1},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from api.models import OrgSecret
+from domain.models import OrgSecret
 from api.secrets import SecretUnavailable, secret_value
 
 TOKEN = "hf_secret_value_0123456789abcdef"

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from api.main import create_app
-from api.settings import DEFAULT_DEV_API_KEY, Settings
+from domain.settings import DEFAULT_DEV_API_KEY, Settings
 from api_harness import TEST_SECRET_KEY, make_settings
 
 REPO = Path(__file__).resolve().parents[2]

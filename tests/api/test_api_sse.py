@@ -91,7 +91,7 @@ def test_sse_streams_live_in_order_and_resumes(live):
         for _ in range(6):
             harness.runner.run_stage(job_id)
             with harness.services.session_factory() as session:
-                from api.events import events_after
+                from domain.events import events_after
 
                 written = len(events_after(session, job_id, 0, 10_000))
             while received[-1][0] < written:

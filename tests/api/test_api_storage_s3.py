@@ -10,7 +10,7 @@ import boto3
 import httpx
 import pytest
 
-from api.storage import LocalStorage, S3Storage, check_key, storage_from_settings
+from domain.storage import LocalStorage, S3Storage, check_key, storage_from_settings
 from api_harness import build_harness, make_settings
 from services import moto_server
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.settings import Settings
+from domain.settings import Settings
 from api.storage_scope import (
     StorageScopeError,
     Tenant,

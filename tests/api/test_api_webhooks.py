@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from api.models import utcnow
+from domain.models import utcnow
 from api.states import Stage
 from api.webhooks import dispatch_due_webhooks
 

@@ -1,4 +1,4 @@
-"""Shard claims (api/shards.py) on SQLite and PostgreSQL: each shard is held by one worker at a time, a quiet
+"""Shard claims (domain/shards.py) on SQLite and PostgreSQL: each shard is held by one worker at a time, a quiet
 holder's shard is taken over, a written shard stays done, and a resumed stage keeps the rows it had."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from api import shards
-from api.models import GenerateShard, utcnow
+from domain import shards
+from domain.models import GenerateShard, utcnow
 
 
 def _job(harness) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import stage_runner as runner
-from api.storage import LocalStorage, S3Storage
+from domain.storage import LocalStorage, S3Storage
 from trainer.pipeline import step_metrics  # how the worker flattens a training record into metric points
 
 SAMPLE_JOB = Path(__file__).parent / "data" / "sample_job"
@@ -92,7 +92,7 @@ class JobDriver:
         for minutes without waiting for them."""
         from datetime import timedelta
 
-        from api.models import StageRun
+        from domain.models import StageRun
 
         with self.session_factory() as session:
             run = (session.query(StageRun).filter_by(job_id=job_id, stage=stage)

@@ -95,7 +95,7 @@ def test_download_links_are_signed_short_lived_and_die_with_their_key(dashboard)
     assert missing.status_code == 404
     with dashboard.services.session_factory() as session:
         from api.auth import create_api_key
-        from api.models import ApiKey, utcnow
+        from domain.models import ApiKey, utcnow
 
         stranger = create_api_key(session, settings, org_name="another-org-dashboard", scopes=("read",))
         session.commit()

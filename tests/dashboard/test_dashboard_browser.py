@@ -282,7 +282,7 @@ def test_a_revoked_key_brings_back_the_sign_in_prompt(page, dashboard):
     sign_in(page, key)
     expect(page.get_by_role("heading", name="Jobs")).to_be_visible()
     with dashboard.services.session_factory() as session:
-        from api.models import ApiKey, utcnow
+        from domain.models import ApiKey, utcnow
 
         session.get(ApiKey, key_id).revoked_at = utcnow()
         session.commit()

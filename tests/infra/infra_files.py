@@ -118,7 +118,7 @@ def environ(values: dict[str, str]) -> Iterator[None]:
 
 
 def settings_from(values: dict[str, str]):
-    from api.settings import Settings
+    from domain.settings import Settings
 
     with environ(values):
         return Settings()

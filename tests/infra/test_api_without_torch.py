@@ -51,7 +51,7 @@ def test_the_control_plane_imports_and_serves_without_the_worker_packages(tmp_pa
         from click.testing import CliRunner
         import api.main, api.cli, draftsmith.cli, draftsmith.submit
         from migrations.revisions import head_revision, upgrade
-        from api.settings import load_settings
+        from domain.settings import load_settings
 
         url = "sqlite:///{tmp_path}/api.db"
         upgrade(url)  # the migrations run too

@@ -23,8 +23,8 @@ from infra_files import (
 )
 
 from api.main import MULTIPART_OVERHEAD
-from api.queue import queue_for
-from api.settings import Settings
+from domain.queue import queue_for
+from domain.settings import Settings
 from schemas.stages import STAGE_QUEUE, Stage
 
 CUSTOM_RESOURCES = {"keda.sh/v1alpha1"}  # KEDA's; kubernetes-validate knows only the built-in kinds

@@ -25,7 +25,7 @@ from infra_files import (
     workloads,
 )
 
-from api.settings import SETTINGS_FILE_ENV, Settings
+from domain.settings import SETTINGS_FILE_ENV, Settings
 
 NAME = re.compile(r"\bDRAFTSMITH_[A-Z0-9_]+\b")
 # Set by `draftsmith worker` itself from --queues (worker/cli.py) before the worker reads it: a value from a

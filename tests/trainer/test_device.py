@@ -87,7 +87,7 @@ def test_the_setting_is_validated_where_it_is_given():
         JobSpec.model_validate({"target": {"uri": "bundled:smollm2-135m"}, "compute": {"device": "gpu"}})
     spec = JobSpec.model_validate({"target": {"uri": "bundled:smollm2-135m"}})
     assert "compute" not in json.loads(spec.canonical_json())  # jobs stored before the field keep their hash
-    from api.settings import Settings
+    from domain.settings import Settings
 
     with pytest.raises(ValueError, match="DRAFTSMITH_WORKER_DEVICE 'cuda:x' is not a device"):
         Settings(env="development", worker_device="cuda:x")

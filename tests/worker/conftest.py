@@ -85,8 +85,8 @@ def workers(service: Service) -> Iterator[Service]:
 def _end_unfinished_jobs(database_url: str) -> None:
     from sqlalchemy import update
 
-    from api.db import create_db_engine
-    from api.models import Job
+    from domain.db import create_db_engine
+    from domain.models import Job
     from api.states import ACTIVE_STATUSES, JobStatus
 
     engine = create_db_engine(database_url, null_pool=True)

@@ -18,8 +18,8 @@ from sqlalchemy import func, select
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # the API tests' harness
 
-from api.models import Audit, UsageRecord  # noqa: E402
-from api.queue import all_queues  # noqa: E402
+from domain.models import Audit, UsageRecord  # noqa: E402
+from domain.queue import all_queues  # noqa: E402
 from api_harness import Harness, build_harness, make_settings  # noqa: E402
 from services import fresh_postgres_database  # noqa: E402
 

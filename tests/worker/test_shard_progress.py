@@ -4,7 +4,7 @@ what its heartbeat last wrote; never backwards. No service needed: the shard row
 
 from __future__ import annotations
 
-from api.shards import DONE, PENDING, RUNNING, ShardRow
+from domain.shards import DONE, PENDING, RUNNING, ShardRow
 from worker.shards import ShardClaims
 
 

@@ -3,7 +3,7 @@ listing and its upload must not fail the stage (seen under load in the broker-re
 
 from __future__ import annotations
 
-from api.storage import LocalStorage
+from domain.storage import LocalStorage
 from worker.sync import WorkSync
 
 

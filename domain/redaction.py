@@ -2,7 +2,7 @@
 
 What could leak, and where it is stopped:
 - bound parameters of a failed SQL statement (a webhook secret being inserted): engines are created with
-  `hide_parameters=True` (api/db.py), so exception messages carry none;
+  `hide_parameters=True` (domain/db.py), so exception messages carry none;
 - an `api_key=`/`token=`/`signature=`... query parameter in the access log, or credentials in a URL
   (`redis://:password@host`): `redact_url` / `redact_text` replace them with `[redacted]`;
 - anything shaped like one of our secrets (`dsk_...` API keys, `whsec_...` signing secrets, the token of a

@@ -189,7 +189,7 @@ class StageRun(Base):
 
 class GenerateShard(Base):
     """One shard of a job's regeneration while the generate stage is spread over several workers
-    (api/shards.py, worker/shards.py). One worker holds a shard at a time; a holder whose heartbeat went stale
+    (domain/shards.py, worker/shards.py). One worker holds a shard at a time; a holder whose heartbeat went stale
     is presumed dead, and any other may take the shard over. `done` means its files are in object storage."""
 
     __tablename__ = "generate_shards"

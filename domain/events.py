@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from api.models import Job, JobEvent, utcnow
+from domain.models import Job, JobEvent, utcnow
 
 EVENT_TYPES = (
     "job.created",

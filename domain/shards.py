@@ -23,7 +23,7 @@ from datetime import timedelta
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
-from api.models import GenerateShard, utcnow
+from domain.models import GenerateShard, utcnow
 
 PENDING, RUNNING, DONE = "pending", "running", "done"
 

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from api.settings import Settings
+from domain.settings import Settings
 from schemas.stages import STAGE_QUEUE, Stage
 
 RUN_JOB_TASK = "draftsmith.run_job"

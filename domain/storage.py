@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlsplit
 
-from api.settings import Settings
+from domain.settings import Settings
 from schemas.manifest import sha256_file
 
 CHUNK_BYTES = 1 << 20
