@@ -11,7 +11,7 @@ An audit is a small job of its own: a row in `audits` (the truth), handed to the
 Admission resolves every default into the stored spec (schemas/audit.py): for a drafter id of the organisation,
 the prompts, sampling parameters and validation settings of the job that trained it and its recorded tau as
 the reference; the organisation's thresholds. Another organisation's drafter id is a 404. Quotas apply
-(api/usage.py), and an active audit takes a slot of the organisation's active-work limit, counted with its jobs
+(domain/usage.py), and an active audit takes a slot of the organisation's active-work limit, counted with its jobs
 under the same organisation lock (api/jobs.py lock_org_and_count_active). A worker that dies mid-audit stops
 heartbeating; `take_over_stale_audits` puts the audit back in the queue (at most `MAX_ATTEMPTS` times).
 """
@@ -25,14 +25,14 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from api.drafters import get_drafter_for_org
+from domain.drafters import get_drafter_for_org
 from api.jobs import lock_org_and_count_active, parse_spec, refuse_if_full, uploaded_prompt_count
 from domain.models import Audit, Job, Organisation, new_id, utcnow
 from domain.errors import InvalidTransition, NotFound, ServiceUnavailable
 from domain.redaction import redact_text
 from domain.settings import Settings
-from api.storage_scope import check_spec_storage
-from api.usage import check_quota
+from domain.storage_scope import check_spec_storage
+from domain.usage import check_quota
 from schemas.audit import AuditSpec, AuditThresholds, resolved
 from schemas.job_spec import DataSpec, ValidationSpec
 from schemas.sampling import SamplingParams
@@ -217,7 +217,7 @@ def take_over_stale_audits(session: Session, stale_after_seconds: float) -> list
 
 
 def record_audit_usage(session: Session, audit_id: str, *, compute_seconds: float, tokens_generated: int) -> None:
-    from api.usage import record_usage
+    from domain.usage import record_usage
 
     org_id = session.scalar(select(Audit.org_id).where(Audit.id == audit_id))
     if org_id is None:

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from api.schemas import EventOut
-from api.states import TERMINAL_STATUSES, JobStatus
+from domain.states import TERMINAL_STATUSES, JobStatus
 
 WINDOW = 500  # events kept per job: a stream less than this far behind never queries
 

@@ -23,7 +23,7 @@ from sqlalchemy import exists, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.drafters import check_warm_start
+from domain.drafters import check_warm_start
 from domain.events import append_event
 from domain.models import Audit, Job, JobLabel, Organisation, PromptFile, StageRun, new_id, utcnow
 from domain.errors import (
@@ -38,11 +38,11 @@ from domain.errors import (
 )
 from domain.queue import CeleryQueue, RecordingQueue
 from domain.redaction import redact_text
-from api.secrets import check_referenced_secrets
+from domain.secrets import check_referenced_secrets
 from domain.settings import Settings
-from api.states import ACTIVE_STATUSES, STAGE_ORDER, JobStatus, Stage, transition
-from api.storage_scope import StorageScopeError, check_spec_storage, refuse_link_loops, spec_storage_uris
-from api.usage import check_quota
+from domain.states import ACTIVE_STATUSES, STAGE_ORDER, JobStatus, Stage, transition
+from domain.storage_scope import StorageScopeError, check_spec_storage, refuse_link_loops, spec_storage_uris
+from domain.usage import check_quota
 from schemas.bounds import JsonInputError, loads_json
 from schemas.job_spec import JobSpec
 

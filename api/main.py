@@ -25,7 +25,7 @@ from api.problems import PROBLEM_MEDIA_TYPE, UnhandledErrorMiddleware, install_p
 from domain.redaction import install_log_redaction, register_secret_values, secret_setting_values
 from api.routes import audits, drafters, files, health, job_data, jobs, secrets, usage, webhooks
 from domain.settings import Settings
-from api.webhooks import dispatch_due_webhooks
+from domain.webhooks import dispatch_due_webhooks
 from draftsmith import __version__
 
 log = logging.getLogger("draftsmith.api")

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from domain.models import Job, WebhookDelivery
 from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE
-from api.states import JobStatus
+from domain.states import JobStatus
 
 log = logging.getLogger("draftsmith.api")
 

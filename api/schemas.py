@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
-from api.webhooks import WEBHOOK_EVENT_TYPES
+from domain.webhooks import WEBHOOK_EVENT_TYPES
 from schemas.bounds import MultilineText
 from schemas.job_spec import JobSpec
 

@@ -1,7 +1,7 @@
 """The stage-runner API: the only functions the worker uses to report on a job.
 
 Each function takes a SQLAlchemy `Session` and a job id, does its work in one transaction and
-**commits** before returning. State changes go through `api.states.transition`, the same guard the
+**commits** before returning. State changes go through `domain.states.transition`, the same guard the
 HTTP routes use. Build a session the way the API does:
 
     from domain.db import create_db_engine, create_session_factory
@@ -59,7 +59,7 @@ from domain.events import append_event
 from api.jobs import next_stage
 from domain.models import Artifact, Job, MetricPoint, Publication, StageRun, utcnow
 from domain.errors import CancellationPending, InvalidTransition, NotFound, StageBusy, StageConflict
-from api.states import RUNNING_STATUSES, STAGE_ORDER, STATUS_OF_STAGE, JobStatus, Stage, transition
+from domain.states import RUNNING_STATUSES, STAGE_ORDER, STATUS_OF_STAGE, JobStatus, Stage, transition
 from domain.storage import LocalStorage, S3Storage, check_key
 
 __all__ = [
@@ -417,8 +417,8 @@ def record_publication(session: Session, job_id: str, *, kind: str, location: st
 
 def record_usage(session: Session, job_id: str, stage: Stage | str, *, compute_seconds: float = 0.0,
                  tokens_generated: int = 0, tokens_trained: int = 0) -> None:
-    """What one attempt of `stage` spent, counted towards the organisation's monthly usage (api/usage.py)."""
-    from api.usage import record_usage as append
+    """What one attempt of `stage` spent, counted towards the organisation's monthly usage (domain/usage.py)."""
+    from domain.usage import record_usage as append
 
     org_id = session.scalar(select(Job.org_id).where(Job.id == job_id))
     if org_id is None:
@@ -429,8 +429,8 @@ def record_usage(session: Session, job_id: str, stage: Stage | str, *, compute_s
 
 
 def record_drafter(session: Session, job_id: str, **lineage) -> str:
-    """The job's published drafter and its lineage (api/drafters.py `record_drafter`); returns its id."""
-    from api.drafters import record_drafter as record
+    """The job's published drafter and its lineage (domain/drafters.py `record_drafter`); returns its id."""
+    from domain.drafters import record_drafter as record
 
     row = record(session, job_id, **lineage)
     job = session.get(Job, job_id)

@@ -239,7 +239,7 @@ def seed(settings: object, jobs: int) -> tuple[str, str, str]:
     from api.auth import create_api_key
     from domain.db import create_db_engine, create_session_factory
     from domain.models import Job, new_id
-    from api.states import STAGE_ORDER, JobStatus, Stage
+    from domain.states import STAGE_ORDER, JobStatus, Stage
 
     engine = create_db_engine(settings.database_url)  # type: ignore[attr-defined]
     factory = create_session_factory(engine)

@@ -331,7 +331,7 @@ class Publication(Base):
 
 
 class OrgSecret(Base):
-    """A credential an organisation stores for publishing, encrypted at rest (api/secrets.py); only its name
+    """A credential an organisation stores for publishing, encrypted at rest (domain/secrets.py); only its name
     is ever shown back."""
 
     __tablename__ = "org_secrets"
@@ -401,7 +401,7 @@ class Audit(Base):
 
 class UsageRecord(Base):
     """Compute and tokens one stage attempt (or audit) spent, appended as it ends. An organisation's usage in a
-    period is the sum of its records (api/usage.py); quotas are checked against it at submit time."""
+    period is the sum of its records (domain/usage.py); quotas are checked against it at submit time."""
 
     __tablename__ = "usage_records"
     __table_args__ = (Index(None, "org_id", "recorded_at"),)

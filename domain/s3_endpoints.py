@@ -1,6 +1,6 @@
 """How an S3 endpoint's host is spelled, and which endpoints reach the same server (issue 20, issue 32 item 1).
 
-The storage scoping rule (api/storage_scope.py) has to know when a host written in a URI, or an endpoint an
+The storage scoping rule (domain/storage_scope.py) has to know when a host written in a URI, or an endpoint an
 organisation stores in a secret, is the deployment's own storage server. A server has many spellings, and
 comparing strings lets all but one through. `host_key` folds them into one key:
 

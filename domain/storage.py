@@ -131,7 +131,7 @@ def s3_client(settings: Settings, *, endpoint_url: str | None = None, region: st
               anonymous: bool = False) -> Any:
     """A boto3 S3 client for the deployment's endpoint and credentials (its storage, trusted buckets), for the
     ones given (an organisation's own, from its secret), or unsigned (`anonymous`: public buckets only, and no
-    credential from the environment either). Which one a URI gets: api/storage_scope.py."""
+    credential from the environment either). Which one a URI gets: domain/storage_scope.py."""
     import boto3  # imported here: a local-storage deployment never pays for botocore
     from botocore import UNSIGNED
     from botocore.config import Config

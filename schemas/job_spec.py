@@ -43,7 +43,7 @@ READ_CREDENTIALS = ("A private hf:// repo is read with the organisation's own Hu
                     "hf.<namespace> or hf), a private s3:// bucket with its own credentials (s3.<bucket> or s3); "
                     "without one, anonymously (public repos and buckets). The deployment's own credentials are used "
                     "only for DRAFTSMITH_HF_TRUSTED_NAMESPACES and DRAFTSMITH_S3_TRUSTED_BUCKETS.")
-"""How the URIs a job reads are fetched, and with whose credentials (api/storage_scope.py)."""
+"""How the URIs a job reads are fetched, and with whose credentials (domain/storage_scope.py)."""
 
 # Hugging Face repo ids: optional namespace, then a name; letters, digits, '.', '_', '-'.
 _HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"

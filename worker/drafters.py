@@ -12,7 +12,7 @@ a local directory, like worker/sources.py does for targets:
 A report.json beside the drafter comes along when there is one (its tau is an audit's reference).
 
 Output: `record_lineage` runs at the end of the publish stage and records the job's drafter with everything
-it came from (api/drafters.py): the pinned target and prompts revisions, the data snapshot, the parent, the
+it came from (domain/drafters.py): the pinned target and prompts revisions, the data snapshot, the parent, the
 recipe, code and package versions, and the validation metrics.
 """
 

@@ -6,7 +6,7 @@
     hf  a private repo created if missing, the artifact folder uploaded in one commit (model card included);
         the commit sha is recorded on the job.
 
-Every destination is judged by the scoping rule (api/storage_scope.py) before anything is
+Every destination is judged by the scoping rule (domain/storage_scope.py) before anything is
 copied anywhere: a destination inside Draftsmith's own storage is refused (only the service writes there), and
 another bucket is written with the organisation's own secret (the destination's `credentials_secret`, else
 `s3.<bucket>`, else `s3`), with the deployment's credentials only for DRAFTSMITH_S3_TRUSTED_BUCKETS; a Hub repo

@@ -24,7 +24,7 @@ from api import stage_runner as runner
 from domain.models import Job
 from domain.errors import InvalidTransition
 from domain.queue import queue_for
-from api.states import TERMINAL_STATUSES, JobStatus
+from domain.states import TERMINAL_STATUSES, JobStatus
 from schemas.stages import Stage
 from trainer.errors import DraftsmithError, StageInterrupted
 from worker.context import WorkerContext

@@ -23,7 +23,7 @@ from domain import shards as claims_db
 from api import stage_runner as runner
 from api.jobs import load_stored_spec
 from domain.models import Job
-from api.states import JobStatus
+from domain.states import JobStatus
 from schemas.stages import Stage
 from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.pipeline import StageHooks, run_stage

@@ -4,7 +4,7 @@
             s3://bucket/prefix (judged and credentialed below) | hf://org/name[@revision] (pinned to a commit)
     data:   builtin | file-... (an upload) | file:///x.jsonl | s3://bucket/key.jsonl | hf://org/dataset[@rev]
 
-Before every fetch the URI is judged again by the one scoping rule (api/storage_scope.py), whatever the API
+Before every fetch the URI is judged again by the one scoping rule (domain/storage_scope.py), whatever the API
 accepted: the spec is read back from the database, and this worker may see other endpoints and disks than the
 API did. Inside Draftsmith's own storage only the organisation's own prefixes are readable (with the service's
 credentials); another bucket is read with the organisation's own secret (`s3.<bucket>`, else `s3`), the
@@ -30,10 +30,10 @@ from typing import Any, Literal
 from sqlalchemy.orm import Session, sessionmaker
 
 from domain.redaction import register_secret_values
-from api.secrets import SecretUnavailable, parse_hub_token, parse_s3_credentials, secret_value
+from domain.secrets import SecretUnavailable, parse_hub_token, parse_s3_credentials, secret_value
 from domain.settings import Settings
 from domain.storage import s3_client
-from api.storage_scope import (
+from domain.storage_scope import (
     HUB_SECRETS_HINT,
     StorageScopeError,
     check_storage_uri,
@@ -126,7 +126,7 @@ def open_s3(uri: str, settings: Settings, caller: Caller, *, what: str, write: b
 
 def hub_token(repo: str, settings: Settings, caller: Caller, *, what: str, write: bool = False,
               explicit_secret: str | None = None) -> str | Literal[False]:
-    """The token a Hub request for `repo` (`namespace/name`) may carry under the rule (api/storage_scope.py): the
+    """The token a Hub request for `repo` (`namespace/name`) may carry under the rule (domain/storage_scope.py): the
     organisation's own secret, the deployment's token for a trusted namespace, else False, which huggingface_hub
     takes as "no Authorization header" (None would send a token this machine has: HF_TOKEN, a cached login).
     Raises StorageNotAllowed naming `what` and the fix."""

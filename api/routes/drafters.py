@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import ReadPrincipal, SessionDep
-from api.drafters import list_drafters
+from domain.drafters import list_drafters
 from domain.errors import FieldError, InvalidRequest
 from api.problems import problem_responses
 from api.schemas import DrafterDetail, DrafterList

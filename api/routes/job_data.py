@@ -22,7 +22,7 @@ from domain.models import Artifact, Job, JobEvent, MetricPoint
 from domain.errors import FieldError, InvalidRequest, NotFound
 from api.problems import problem_responses
 from api.schemas import ArtifactList, ArtifactOut, EventList, EventOut, MetricPointOut, MetricsOut, MetricSeries
-from api.states import TERMINAL_STATUSES, JobStatus
+from domain.states import TERMINAL_STATUSES, JobStatus
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["job data"])
 SSE_BATCH = 500

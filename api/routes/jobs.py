@@ -53,7 +53,7 @@ async def job_spec_body(request: Request, services: ServicesDep) -> JobSpec:
 
 SpecBody = Annotated[JobSpec, Depends(job_spec_body)]
 
-# A warm start naming a drafter id the organisation does not have is a 404 (api/drafters.py check_warm_start),
+# A warm start naming a drafter id the organisation does not have is a 404 (domain/drafters.py check_warm_start),
 # exactly like GET /v1/drafters/{id}: clients generated from the OpenAPI document must expect it here too.
 UNKNOWN_DRAFTER = {404: {**problem_responses(404)[404], "description": "`init.from_drafter` names a drafter id "
                          "(drf_...) your organisation does not have; GET /v1/drafters lists yours"}}

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.deps import AdminPrincipal, ServicesDep, SessionDep
 from domain.models import OrgSecret
 from api.problems import problem_responses
-from api.secrets import MAX_SECRET_BYTES, delete_secret, list_secrets, put_secret
+from domain.secrets import MAX_SECRET_BYTES, delete_secret, list_secrets, put_secret
 
 router = APIRouter(prefix="/v1/secrets", tags=["secrets"])
 

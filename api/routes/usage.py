@@ -12,8 +12,8 @@ from sqlalchemy import func, select
 from api.deps import ReadPrincipal, ServicesDep, SessionDep
 from domain.models import Job, Organisation
 from api.problems import problem_responses
-from api.states import ACTIVE_STATUSES
-from api.usage import limits_for, parse_period, period_bounds, usage_between
+from domain.states import ACTIVE_STATUSES
+from domain.usage import limits_for, parse_period, period_bounds, usage_between
 
 router = APIRouter(prefix="/v1/usage", tags=["usage"])
 

@@ -24,7 +24,7 @@ from api.schemas import (
 )
 from domain.outbound import OutboundRefused, check_outbound_url
 from domain.settings import Settings
-from api.webhooks import check_webhook_url, new_webhook_secret
+from domain.webhooks import check_webhook_url, new_webhook_secret
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
 MAX_WEBHOOKS_PER_ORG = 20

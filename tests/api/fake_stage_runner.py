@@ -12,7 +12,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import stage_runner as runner
-from api.states import JobStatus, Stage
+from domain.states import JobStatus, Stage
 from domain.storage import LocalStorage, S3Storage
 
 

@@ -97,7 +97,7 @@ def test_embedded_filesystem_broker(sqlite_url, tmp_path):
 
 def test_a_resumed_job_goes_to_the_queue_of_its_next_stage(sqlite_harness):
     from domain.queue import queue_for
-    from api.states import Stage
+    from domain.states import Stage
 
     org, queue = sqlite_harness.new_org(), sqlite_harness.services.queue
     job_id = sqlite_harness.create_job(org)["id"]

@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from api.main import create_app
 from domain.models import Audit, Job, OrgSecret, Webhook
 from api.routes.webhooks import MAX_WEBHOOKS_PER_ORG
-from api.secrets import secret_value
+from domain.secrets import secret_value
 from api_harness import Harness, build_harness, make_settings
 from live_server import live_server
 

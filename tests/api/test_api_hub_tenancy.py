@@ -12,7 +12,7 @@ import pytest
 from pydantic import SecretStr
 
 from domain.settings import Settings
-from api.storage_scope import CredentialsNeeded, choose_hub_access, hub_namespace
+from domain.storage_scope import CredentialsNeeded, choose_hub_access, hub_namespace
 from api_harness import TEST_SECRET_KEY, Harness, build_harness, make_settings
 
 MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}

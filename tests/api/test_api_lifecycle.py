@@ -10,7 +10,7 @@ import pytest
 from api import stage_runner
 from domain.errors import InvalidTransition
 from domain.queue import RecordingQueue
-from api.states import STAGE_ORDER, TRANSITIONS, JobStatus, Stage
+from domain.states import STAGE_ORDER, TRANSITIONS, JobStatus, Stage
 
 
 def test_job_runs_every_stage_to_success(harness):

@@ -12,7 +12,7 @@ from sqlalchemy import delete, select
 from api import stage_runner as runner
 from domain.models import Organisation, WebhookDelivery
 from domain.queue import RUN_AUDIT_TASK
-from api.states import Stage
+from domain.states import Stage
 
 SPEC = {"target": {"uri": "bundled:smollm2-135m"}, "drafter": {"block_size": 4, "num_layers": 1},
         "data": {"count": 40}, "validation": {"prompts": 5}}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from domain.models import OrgSecret
-from api.secrets import SecretUnavailable, secret_value
+from domain.secrets import SecretUnavailable, secret_value
 
 TOKEN = "hf_secret_value_0123456789abcdef"
 MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}

@@ -1,4 +1,4 @@
-"""The one scoping rule for storage URIs (api/storage_scope.py), spelling by spelling: every way of writing a URI
+"""The one scoping rule for storage URIs (domain/storage_scope.py), spelling by spelling: every way of writing a URI
 into the deployment's own storage is judged as that storage, and there only the caller's own prefixes are
 readable; nothing in it is writable; other buckets get the organisation's own credentials, never the
 deployment's unless the bucket is trusted. Pure functions, no servers (the same rule at the API and in the worker
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from domain.settings import Settings
-from api.storage_scope import (
+from domain.storage_scope import (
     StorageScopeError,
     Tenant,
     check_s3_endpoint,

@@ -1,5 +1,5 @@
 """Webhooks end to end: a real HTTP receiver on loopback checks Standard Webhooks signatures (verified
-here independently of api/webhooks.py), failures are retried with exponential backoff, and every
+here independently of domain/webhooks.py), failures are retried with exponential backoff, and every
 attempt is recorded and visible through the API."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from domain.models import utcnow
-from api.states import Stage
-from api.webhooks import dispatch_due_webhooks
+from domain.states import Stage
+from domain.webhooks import dispatch_due_webhooks
 
 
 class Receiver:
@@ -168,7 +168,7 @@ def test_webhook_crud_and_validation(harness, receiver, tmp_path):
     assert harness.client.get("/v1/webhooks", headers=org.headers).json()["data"] == []
 
     # Production default: no loopback/private targets (server-side request forgery).
-    from api.webhooks import check_webhook_url
+    from domain.webhooks import check_webhook_url
 
     assert "private" in check_webhook_url("http://10.0.0.8/hook", allow_private=False)
     assert "internal" in check_webhook_url("http://localhost:8080/hook", allow_private=False)

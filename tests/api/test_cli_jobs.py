@@ -18,7 +18,7 @@ from live_server import live_server
 
 from api import stage_runner
 from api.main import create_app
-from api.states import Stage
+from domain.states import Stage
 from draftsmith.cli import LAZY_COMMANDS, main
 
 SLOWER = {"enable": False, "summary": "do not enable this drafter on hardware like the validation machine: it decoded "

@@ -96,8 +96,8 @@ def test_cli_flags_reach_the_job_spec_and_bad_ones_name_the_field(monkeypatch, t
 
 
 def test_stage_names_have_one_source():
-    from api.states import STAGE_ORDER as API_ORDER
-    from api.states import Stage as ApiStage
+    from domain.states import STAGE_ORDER as API_ORDER
+    from domain.states import Stage as ApiStage
 
     assert ApiStage is Stage and API_ORDER == STAGE_ORDER
     assert list(TRAINER_STAGES) == list(STAGE_ORDER[:-1]) and STAGE_ORDER[-1] is Stage.PUBLISH

@@ -87,7 +87,7 @@ def _end_unfinished_jobs(database_url: str) -> None:
 
     from domain.db import create_db_engine
     from domain.models import Job
-    from api.states import ACTIVE_STATUSES, JobStatus
+    from domain.states import ACTIVE_STATUSES, JobStatus
 
     engine = create_db_engine(database_url, null_pool=True)
     try:

@@ -1,5 +1,5 @@
 """Issue 20, the Hub half, in the worker, on PostgreSQL: before every Hub fetch (target, data source, warm start's
-and audit's drafter) and every Hub publish the worker chooses the token by the rule (api/storage_scope.py), for the
+and audit's drafter) and every Hub publish the worker chooses the token by the rule (domain/storage_scope.py), for the
 job's organisation, whatever the stored spec says. The deployment's token goes only to a trusted namespace; an
 organisation's own secret (`hf.<namespace>`, `hf`, a named token_secret) goes where it points; otherwise nothing
 at all is sent, not even a token this machine has (HF_TOKEN), and public repos still work.

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # the API tests' har
 
 from domain.models import Audit, Job, new_id  # noqa: E402
 from domain.queue import all_queues  # noqa: E402
-from api.states import Stage  # noqa: E402
+from domain.states import Stage  # noqa: E402
 from api_harness import Harness, build_harness, make_settings  # noqa: E402
 from schemas.job_spec import JobSpec  # noqa: E402
 from services import fresh_postgres_database, moto_server  # noqa: E402
@@ -216,7 +216,7 @@ def test_a_secret_endpoint_into_our_storage_reaches_nothing_of_a_by_any_route(ha
     refused at PUT /v1/secrets in every spelling of the host; one stored anyway (before the rule) is refused by
     the worker on every route: data source, target, warm start, publish destination, the audit's drafter and
     prompts; and the numeric alias `s3://127.1/<our bucket>/...` is refused at the API and in the worker."""
-    import api.secrets
+    import domain.secrets
     from worker.audits import run_audit
     from worker.runner import Outcome, run_job
     from worker.sources import Caller, StorageNotAllowed, open_s3, resolve_prompts
@@ -245,7 +245,7 @@ def test_a_secret_endpoint_into_our_storage_reaches_nothing_of_a_by_any_route(ha
     assert harness.client.get("/v1/secrets", headers=b.headers).json()["data"] == []
 
     with monkeypatch.context() as before_the_rule:  # stored as a deployment without the rule stored it
-        before_the_rule.setattr(api.secrets, "s3_secret_problems", lambda given, settings: [])
+        before_the_rule.setattr(domain.secrets, "s3_secret_problems", lambda given, settings: [])
         assert harness.client.put("/v1/secrets/s3.service", json={"value": value("127.1")},
                                   headers=b.headers).status_code == 200
     alias = f"s3://127.1/{BUCKET}/service/files/{a.org_id}/{a_file}.jsonl"

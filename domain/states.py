@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from domain.events import append_event
 from domain.models import Job, utcnow
 from domain.errors import InvalidTransition
-from api.webhooks import enqueue_job_webhooks
+from domain.webhooks import enqueue_job_webhooks
 from schemas.stages import STAGE_ORDER, Stage  # the one list of stage names (re-exported here)
 
 

@@ -30,7 +30,7 @@ import httpx
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.drafters import rollout_summary
+from domain.drafters import rollout_summary
 from domain.models import Job, JobLabel, Webhook, WebhookAttempt, WebhookDelivery, utcnow
 from domain.outbound import OutboundRefused, check_outbound_url, check_url_syntax, outbound_client, send_pinned
 from domain.redaction import redact_url
@@ -81,7 +81,7 @@ def job_summary(session: Session, job: Job) -> dict[str, Any]:
     }
     if job.status == "succeeded":
         # What a deployment system rolls out: drafter id and parent, target, lossless verdict, tau, serving
-        # settings, artifacts with sha256, publications (api/drafters.py).
+        # settings, artifacts with sha256, publications (domain/drafters.py).
         summary["drafter"] = rollout_summary(session, job)
     return summary
 

@@ -1,6 +1,6 @@
 """Organisation secrets: credentials an organisation stores once and jobs reference by name
 (`publish[].credentials_secret`, `publish[].token_secret`) or by convention: `s3.<bucket>` / `s3` for its buckets
-(api/storage_scope.py), `hf.<namespace>` / `hf` for the Hub (both api/storage_scope.py). Job bodies never carry secret
+(domain/storage_scope.py), `hf.<namespace>` / `hf` for the Hub (both domain/storage_scope.py). Job bodies never carry secret
 values.
 
 Values are encrypted at rest with Fernet (AES-128-CBC + HMAC-SHA256) under a key derived from
@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from domain.models import OrgSecret, utcnow
 from domain.errors import FieldError, InvalidRequest, NotFound
 from domain.settings import Settings
-from api.storage_scope import s3_secret_problems
+from domain.storage_scope import s3_secret_problems
 from schemas.job_spec import SECRET_NAME_PATTERN, JobSpec
 
 MAX_SECRET_BYTES = 16 * 1024
@@ -73,7 +73,7 @@ def put_secret(session: Session, settings: Settings, org_id: str, name: str, val
 
 def check_s3_secret_value(settings: Settings, value: str) -> None:
     """A value that is a JSON object is S3 credentials (a Hub token never is): refused now (422 naming
-    `value.<field>` and the fix) when the worker would refuse it before every use (api/storage_scope.py
+    `value.<field>` and the fix) when the worker would refuse it before every use (domain/storage_scope.py
     `s3_secret_problems`: above all an endpoint that reaches Draftsmith's own storage, issue 32)."""
     try:
         given = json.loads(value)
