@@ -1,5 +1,5 @@
-"""Draftsmith control plane: the FastAPI app (`api.main:app`), its database models, the stage-runner
-API the worker reports through, and the `draftsmith api|db|keys` commands.
+"""Draftsmith control plane's HTTP edge: the FastAPI app (`api.main:app`), its routes, auth, admission and
+problems, the web dashboard, and the `draftsmith api|db|keys` commands. The domain it serves lives in `domain/`.
 
-Imports flow one way: `api` uses `schemas` and never imports `worker`, `trainer` or torch.
+Imports flow one way: `api` uses `domain` and `schemas` and never imports `worker`, `trainer` or torch.
 """

@@ -1,6 +1,6 @@
 """Response bodies built from domain rows: the HTTP layer's view of jobs, drafters and audits.
 
-The domain (api/jobs.py, domain/drafters.py, api/audits.py; `domain/` once the house plan moves them) returns
+The domain (domain/jobs.py, domain/drafters.py, domain/audits.py; `domain/` once the house plan moves them) returns
 rows; the response models live in api/schemas.py; this module is the one place that turns one into the other.
 """
 
@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from domain.drafters import drafter_chain, publications_by_job
-from api.jobs import load_stored_spec
+from domain.jobs import load_stored_spec
 from domain.models import Audit, Drafter, Job, JobLabel, Publication, StageRun
 from api.schemas import (
     AuditError,

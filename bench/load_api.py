@@ -235,7 +235,7 @@ def create_database() -> tuple[str, object]:
 def seed(settings: object, jobs: int) -> tuple[str, str, str]:
     """An organisation with a key, `jobs` queued jobs, one finished job with events and metrics, and one
     job running in `train` (for the SSE streams). Returns (key, finished job id, running job id)."""
-    from api import stage_runner as runner
+    from domain import runs as runner
     from api.auth import create_api_key
     from domain.db import create_db_engine, create_session_factory
     from domain.models import Job, new_id
@@ -268,7 +268,7 @@ def seed(settings: object, jobs: int) -> tuple[str, str, str]:
 
 
 def event_writer(settings: object, job_id: str, stop: threading.Event, interval: float) -> None:
-    from api import stage_runner as runner
+    from domain import runs as runner
     from domain.db import create_db_engine, create_session_factory
 
     engine = create_db_engine(settings.database_url)  # type: ignore[attr-defined]

@@ -24,7 +24,7 @@ RUN_JOB_TASK = "draftsmith.run_job"
 GENERATE_SHARDS_TASK = "draftsmith.generate_shards"
 """A helper of a job's generate stage spread over several workers (worker/shards.py): claims and writes shards."""
 RUN_AUDIT_TASK = "draftsmith.run_audit"
-"""A drift audit (api/audits.py): loads the target and measures a drafter, so it runs from the gpu queue."""
+"""A drift audit (domain/audits.py): loads the target and measures a drafter, so it runs from the gpu queue."""
 
 
 def queue_for(settings: Settings, stage: Stage | str) -> str:

@@ -1,7 +1,7 @@
 """Usage and quotas per organisation: compute seconds, tokens generated, tokens trained.
 
 The worker appends a `usage_records` row whenever a stage attempt or an audit ends (through
-api/stage_runner.py `record_usage`): the attempt's wall seconds times the devices it held, the tokens the
+domain/runs.py `record_usage`): the attempt's wall seconds times the devices it held, the tokens the
 target generated (regeneration; validation and audits decode too) and the drafter tokens trained (steps x
 sequences per step x anchors x block size, the estimate's unit). An organisation's usage in a month is the sum
 of its records in that UTC calendar month.

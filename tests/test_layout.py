@@ -42,6 +42,8 @@ FORBIDDEN: dict[str, set[str]] = {
     "schemas": {"torch", "transformers", "trainer", "kernels", "api", "worker", "fastapi", "celery", "sqlalchemy"},
     "api": {"torch", "transformers", "deepspeed", "trainer", "kernels", "worker"},
     "domain": {"api", "worker", "trainer", "migrations", "draftsmith", "fastapi", "starlette", "uvicorn", "torch"},
+    "worker": {"api", "fastapi", "starlette"},
+    "migrations": {"api", "fastapi", "starlette", "worker", "trainer", "torch"},
 }
 """Absolute rules, no exceptions: what a package never imports (in-repo or third-party)."""
 
@@ -50,31 +52,7 @@ KNOWN: set[tuple[str, str]] = {
     ("trainer/lineage.py", "draftsmith"),
     # the API reads its version from draftsmith (S6)
     ("api/main.py", "draftsmith"),
-    # the worker reaches the domain core, still in api/ (S1, S4)
-    ("worker/app.py", "api"),
-    ("worker/app.py", "api.audits"),
-    ("worker/audits.py", "api.audits"),
-    ("worker/drafters.py", "api"),
-    ("worker/publish.py", "api"),
-    ("worker/reporting.py", "api"),
-    ("worker/runner.py", "api"),
-    ("worker/shards.py", "api"),
-    ("worker/shards.py", "api.jobs"),
-    ("worker/stages.py", "api"),
-    ("worker/stages.py", "api.jobs"),
-    ("worker/usage.py", "api"),
-    ("worker/usage.py", "api.jobs"),
 }
-
-CORE = {
-    "jobs", "audits", "stage_runner",
-}
-"""The domain and database core still inside api/ (it moves out in house plan S4): what the worker runs on.
-Until then it may import only itself from api/, never the HTTP layer (problems, schemas, routes), and never
-`migrations` (the schema's seam is migrations/revisions.py, which the edges call)."""
-
-KNOWN_CORE: set[tuple[str, str]] = set()
-"""Empty since house plan S2; kept so that S4's move can hold the same rule for domain/."""
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -107,19 +85,6 @@ def plan_violations() -> set[tuple[str, str]]:
     return found
 
 
-def core_violations() -> set[tuple[str, str]]:
-    found = set()
-    for name in CORE:
-        path = ROOT / "api" / f"{name}.py"
-        if not path.exists():
-            continue
-        for module in imported_modules(path):
-            parts = module.split(".")
-            if parts[0] == "migrations" or parts[0] == "api" and (len(parts) == 1 or parts[1] not in CORE):
-                found.add((str(path.relative_to(ROOT)), module))
-    return found
-
-
 def test_imports_follow_the_plan():
     new = plan_violations() - KNOWN
     assert not new, f"imports against the plan in tests/test_layout.py (PLAN): {sorted(new)}"
@@ -128,13 +93,6 @@ def test_imports_follow_the_plan():
 def test_known_exceptions_still_exist():
     fixed = KNOWN - plan_violations()
     assert not fixed, f"these are fixed: delete them from KNOWN in tests/test_layout.py: {sorted(fixed)}"
-
-
-def test_core_does_not_import_the_http_layer():
-    new = core_violations() - KNOWN_CORE
-    assert not new, f"api/'s domain core imports the HTTP layer: {sorted(new)}"
-    fixed = KNOWN_CORE - core_violations()
-    assert not fixed, f"these are fixed: delete them from KNOWN_CORE in tests/test_layout.py: {sorted(fixed)}"
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))

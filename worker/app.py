@@ -112,7 +112,7 @@ class Reaper(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        from api import stage_runner as runner
+        from domain import runs as runner
         from domain.db import create_db_engine, create_session_factory
 
         settings = _settings
@@ -126,7 +126,7 @@ class Reaper(threading.Thread):
                         runner.record_event(session, job_id, f"the worker running {stage} went quiet; the job is "
                                             "queued again and resumes from its last checkpoint", level="warning")
                         send_run_job(job_id, stage)
-                    from api.audits import take_over_stale_audits
+                    from domain.audits import take_over_stale_audits
 
                     for audit_id in take_over_stale_audits(session, settings.worker_stale_after_seconds):
                         send_run_audit(audit_id)

@@ -11,7 +11,7 @@ A cancellation (POST /v1/audits/{id}/cancel) is seen by the heartbeat; the next 
 
 A bad input (an unreachable checkpoint, an incompatible drafter, a bad prompts file) fails the audit with a
 message naming it. An infrastructure error (database, broker, storage unreachable) leaves the audit running
-without a heartbeat: the reaper queues it again (api/audits.py take_over_stale_audits). The compute and tokens
+without a heartbeat: the reaper queues it again (domain/audits.py take_over_stale_audits). The compute and tokens
 spent count towards the organisation's usage however it ends.
 """
 
@@ -23,7 +23,7 @@ import time
 
 from sqlalchemy import select
 
-from api.audits import (
+from domain.audits import (
     acknowledge_audit_cancellation,
     audit_heartbeat,
     claim_audit,

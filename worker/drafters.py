@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from api import stage_runner as runner
+from domain import runs as runner
 from domain.models import Artifact, Drafter, Job
 from domain.settings import Settings
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec

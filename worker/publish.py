@@ -26,7 +26,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from api import stage_runner as runner
+from domain import runs as runner
 from domain.models import Artifact, Job
 from schemas.job_spec import HuggingFaceDestination, JobSpec, S3Destination
 from trainer.errors import DraftsmithError

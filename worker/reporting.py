@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from api import stage_runner as runner
+from domain import runs as runner
 from schemas.stages import Stage
 from trainer.pipeline import step_metrics
 from worker.context import WorkerContext

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from enum import StrEnum
 
-from api import stage_runner as runner
+from domain import runs as runner
 from domain.models import Job
 from domain.errors import InvalidTransition
 from domain.queue import queue_for

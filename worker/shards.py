@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from domain import shards as claims_db
-from api import stage_runner as runner
-from api.jobs import load_stored_spec
+from domain import runs as runner
+from domain.jobs import load_stored_spec
 from domain.models import Job
 from domain.states import JobStatus
 from schemas.stages import Stage

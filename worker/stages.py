@@ -16,8 +16,8 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from api import stage_runner as runner
-from api.jobs import load_stored_spec
+from domain import runs as runner
+from domain.jobs import load_stored_spec
 from domain.models import Job, PromptFile
 from domain.settings import Settings
 from schemas.job_spec import JobSpec

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
-from api import stage_runner as runner
-from api.jobs import load_stored_spec
+from domain import runs as runner
+from domain.jobs import load_stored_spec
 from domain.models import Job
 from schemas.stages import Stage
 from schemas.validation_plan import validation_tokens

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep
-from api.jobs import get_job_for_org
+from domain.jobs import get_job_for_org
 from domain.models import ApiKey, Artifact
 from domain.errors import NotFound
 from api.problems import PayloadTooLarge

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from api.audits import (
+from domain.audits import (
     cancel_audit,
     create_audit,
     get_audit_for_org,

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import ReadPrincipal, Services, ServicesDep, SessionDep, read_sessions
 from api.event_feed import EventFeeds
 from domain.events import events_after
-from api.jobs import get_job_for_org
+from domain.jobs import get_job_for_org
 from domain.models import Artifact, Job, JobEvent, MetricPoint
 from domain.errors import FieldError, InvalidRequest, NotFound
 from api.problems import problem_responses

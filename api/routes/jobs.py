@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
 from api.estimates import GPU_CLASSES, estimate_job
-from api.jobs import (
+from domain.jobs import (
     JOB_ID_RE,
     QUEUED_PRESUMED_LOST_SECONDS,
     cancel_job,

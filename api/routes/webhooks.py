@@ -8,7 +8,7 @@ from fastapi import APIRouter, Response
 from sqlalchemy import func, select
 
 from api.deps import AdminPrincipal, SessionDep, SettingsDep
-from api.jobs import lock_organisation
+from domain.jobs import lock_organisation
 from domain.models import Webhook, WebhookAttempt, WebhookDelivery, utcnow
 from domain.errors import FieldError, InvalidRequest, NotFound
 from api.problems import problem_responses

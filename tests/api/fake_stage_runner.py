@@ -1,5 +1,5 @@
 """A stand-in for the Celery worker: drives jobs through their stages using only the stage-runner API
-(api/stage_runner.py), exactly the calls the real worker will make, with tiny fake outputs."""
+(domain/runs.py), exactly the calls the real worker will make, with tiny fake outputs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api import stage_runner as runner
+from domain import runs as runner
 from domain.states import JobStatus, Stage
 from domain.storage import LocalStorage, S3Storage
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from api.audits import audit_heartbeat, claim_audit, take_over_stale_audits
+from domain.audits import audit_heartbeat, claim_audit, take_over_stale_audits
 from domain.models import Audit, utcnow
 
 AUDIT = {"drafter": "hf://acme/drafter", "target": {"uri": "bundled:smollm2-135m"}}

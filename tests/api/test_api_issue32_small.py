@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from api.jobs import QUEUED_PRESUMED_LOST_SECONDS
+from domain.jobs import QUEUED_PRESUMED_LOST_SECONDS
 from domain.models import Job, utcnow
 
 UNKNOWN_DRAFTER = "drf_01JABCDEFGHJKMNPQRSTVWXYZ0"

@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-from api import stage_runner
+from domain import runs as stage_runner
 from domain.errors import InvalidTransition
 from domain.queue import RecordingQueue
 from domain.states import STAGE_ORDER, TRANSITIONS, JobStatus, Stage

@@ -9,7 +9,7 @@ import json
 
 from sqlalchemy import delete, select
 
-from api import stage_runner as runner
+from domain import runs as runner
 from domain.models import Organisation, WebhookDelivery
 from domain.queue import RUN_AUDIT_TASK
 from domain.states import Stage

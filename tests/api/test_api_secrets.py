@@ -54,7 +54,7 @@ def test_jobs_name_secrets_and_never_carry_them(harness):
 
 
 def test_the_estimate_checks_secret_references_as_job_creation_does(harness):
-    """Issue 32 item 6's neighbour: one check (api/jobs.py check_job_spec) for both, so an estimate is never given
+    """Issue 32 item 6's neighbour: one check (domain/jobs.py check_job_spec) for both, so an estimate is never given
     for a job that would be refused for naming a secret the organisation has not stored."""
     org = harness.new_org()
     for destination, field in (({"kind": "hf", "repo": "acme/drafter", "token_secret": "hub-token"}, "token_secret"),

@@ -112,7 +112,7 @@ def test_api_command_refuses_an_unmigrated_database(tmp_path, monkeypatch):
 def test_api_never_imports_torch_trainer_or_worker():
     code = (
         "import json, sys\n"
-        "import api.main, api.cli, api.stage_runner, schemas.job_spec, schemas.prompts\n"
+        "import api.main, api.cli, domain.runs, schemas.job_spec, schemas.prompts\n"
         "app = api.main.create_app()\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
     )

@@ -1,5 +1,5 @@
 """Drives jobs through their stages for the browser tests, the way the worker does: only through the
-stage-runner API (api/stage_runner.py).
+stage-runner API (domain/runs.py).
 
 The outputs are tests/dashboard/data/sample_job/ (report.json, metrics.jsonl and model_card.md, an
 export's README.md): the main job's published figures in exactly the keys `validate` writes (see
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api import stage_runner as runner
+from domain import runs as runner
 from domain.storage import LocalStorage, S3Storage
 from trainer.pipeline import step_metrics  # how the worker flattens a training record into metric points
 

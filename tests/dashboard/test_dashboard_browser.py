@@ -239,7 +239,7 @@ def test_cancel_and_resume_from_the_keyboard(page, dashboard):
     page.keyboard.press("Enter")
     expect(page.locator("#job-status [data-status]")).to_have_text("cancelling", timeout=TIMEOUT_MS)
     with dashboard.services.session_factory() as session:  # the worker stops at a safe point
-        from api import stage_runner
+        from domain import runs as stage_runner
 
         stage_runner.acknowledge_cancellation(session, job["id"])
     expect(page.locator("#job-status [data-status]")).to_have_text("cancelled", timeout=TIMEOUT_MS)

@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # the API tests' harness and fake stage runner
 
-from api import stage_runner as runner  # noqa: E402
+from domain import runs as runner  # noqa: E402
 from domain.models import Audit, Job, new_id  # noqa: E402
 from domain.queue import all_queues  # noqa: E402
 from api_harness import Harness, build_harness, make_settings  # noqa: E402

@@ -145,7 +145,7 @@ def lock_organisation(session: Session, org_id: str) -> Organisation:
 
 
 AUDIT_ACTIVE_STATUSES = ("queued", "running", "cancelling")
-"""An audit in one of these holds a slot of the organisation's active-work limit (api/audits.py)."""
+"""An audit in one of these holds a slot of the organisation's active-work limit (domain/audits.py)."""
 
 
 @dataclass

@@ -56,7 +56,7 @@ from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from domain.events import append_event
-from api.jobs import next_stage
+from domain.jobs import next_stage
 from domain.models import Artifact, Job, MetricPoint, Publication, StageRun, utcnow
 from domain.errors import CancellationPending, InvalidTransition, NotFound, StageBusy, StageConflict
 from domain.states import RUNNING_STATUSES, STAGE_ORDER, STATUS_OF_STAGE, JobStatus, Stage, transition

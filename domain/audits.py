@@ -12,7 +12,7 @@ Admission resolves every default into the stored spec (schemas/audit.py): for a 
 the prompts, sampling parameters and validation settings of the job that trained it and its recorded tau as
 the reference; the organisation's thresholds. Another organisation's drafter id is a 404. Quotas apply
 (domain/usage.py), and an active audit takes a slot of the organisation's active-work limit, counted with its jobs
-under the same organisation lock (api/jobs.py lock_org_and_count_active). A worker that dies mid-audit stops
+under the same organisation lock (domain/jobs.py lock_org_and_count_active). A worker that dies mid-audit stops
 heartbeating; `take_over_stale_audits` puts the audit back in the queue (at most `MAX_ATTEMPTS` times).
 """
 
@@ -26,7 +26,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from domain.drafters import get_drafter_for_org
-from api.jobs import lock_org_and_count_active, parse_spec, refuse_if_full, uploaded_prompt_count
+from domain.jobs import lock_org_and_count_active, parse_spec, refuse_if_full, uploaded_prompt_count
 from domain.models import Audit, Job, Organisation, new_id, utcnow
 from domain.errors import InvalidTransition, NotFound, ServiceUnavailable
 from domain.redaction import redact_text
