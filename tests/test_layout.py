@@ -162,3 +162,106 @@ def test_the_worker_imports_without_the_web_framework():
     assert result.returncode == 0, result.stderr[-3000:]
     blocked_really = import_with_blocked("api.main", {"fastapi", "starlette"})
     assert blocked_really.returncode != 0 and "blocked by test_layout" in blocked_really.stderr
+
+
+RUNS_DOORS = {"worker/reporting.py", "worker/runner.py", "worker/app.py"}
+"""The worker's door to the stage runs (domain/runs.py): the stage reporter and its JobRecords, the runner that
+claims and finishes stages, and app.py's reaper. Everything else in the worker writes a job's records through
+a JobRecords (worker/reporting.py)."""
+
+
+def test_only_the_reporter_and_the_runner_reach_the_stage_runs():
+    offenders = sorted(
+        str(path.relative_to(ROOT)) for package in PLAN for path in product_files(package)
+        if {"domain.runs"} & resolved_imports(path) and str(path.relative_to(ROOT)) not in RUNS_DOORS
+        and package != "domain"
+    )
+    assert not offenders, f"these reach domain/runs.py directly; go through worker/reporting.py: {offenders}"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def resolved_imports(path: Path) -> set[str]:
+    """The in-repo modules a file imports, function-local imports included; `from pkg import mod` names pkg.mod
+    when that is a module, and a relative import is resolved against the file's package."""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1] if node.level else []) if node.level else ""
+            module = ".".join(filter(None, [base, node.module or ""]))
+            names = [f"{module}.{alias.name}" for alias in node.names] + [module]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] in PACKAGES:
+                while name and not _is_module(name):
+                    name = name.rpartition(".")[0]
+                if name:
+                    found.add(name)
+    return found
+
+
+def _is_module(name: str) -> bool:
+    base = ROOT.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def file_cycles() -> set[frozenset[str]]:
+    """The import circles between product files (strongly connected components of more than one file)."""
+    graph = {module_name(path): resolved_imports(path) - {module_name(path)}
+             for package in PLAN for path in product_files(package)}
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), set(), [0]
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in graph:
+                continue
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.add(frozenset(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+KNOWN_CYCLES: set[frozenset[str]] = {
+    frozenset({"api.admission", "api.deps"}),
+    frozenset({"trainer.data.capture", "trainer.data.regenerate"}),
+    frozenset({"trainer.export.gguf_tokenizer", "trainer.export.gguf_writer"}),
+    frozenset({"trainer.pipeline", "trainer.training.launch"}),
+}
+"""Today's import circles between files, function-local imports included: they may only shrink."""
+
+
+def test_no_file_cycles():
+    cycles = file_cycles()
+    new = cycles - KNOWN_CYCLES
+    assert not new, f"new import circles between files: {[sorted(c) for c in new]}"
+    fixed = KNOWN_CYCLES - cycles
+    assert not fixed, f"these circles are gone: delete them from KNOWN_CYCLES: {[sorted(c) for c in fixed]}"

@@ -66,7 +66,8 @@ def run_job_task(self, job_id: str) -> str:
     ctx = current_context()
     retries_left = ctx.settings.worker_max_retries - self.request.retries
     try:
-        return str(run_job(ctx, job_id, send_run_job, retries_left=retries_left))
+        return str(run_job(ctx, job_id, send_run_job, send_helpers=send_generate_helpers,
+                           retries_left=retries_left))
     except infrastructure_errors() as error:
         if retries_left <= 0:
             raise  # the job is failed already, or the database is down and the reaper will re-queue it later

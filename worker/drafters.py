@@ -24,11 +24,11 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from domain import runs as runner
 from domain.models import Artifact, Drafter, Job
 from domain.settings import Settings
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
 from trainer.errors import DraftsmithError
+from worker.reporting import JobRecords
 from worker.sources import (PRIVATE_BUCKET_HINT, Caller, Resolved, StorageNotAllowed, _fetch_hub, local_file,
                             open_s3)
 
@@ -123,9 +123,11 @@ def _from_s3(uri: str, settings: Settings, cache: Path, caller: Caller) -> Resol
 # --- lineage, at the end of the publish stage ---------------------------------------------------------------
 
 
-def record_lineage(ctx, job: Job, spec: JobSpec, session) -> str:
-    """Record the job's drafter and what it came from; returns the drafter id. Reads the job's work files from
-    object storage (this may be a CPU worker that ran none of the other stages)."""
+def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
+    """Record the job's drafter and what it came from, through the publish stage's `records`; returns the drafter
+    id. Reads the job's work files from object storage (this may be a CPU worker that ran none of the other
+    stages)."""
+    session = records.session
     prefix = f"jobs/{job.id}/work"
 
     def work(name: str) -> dict:
@@ -180,8 +182,8 @@ def record_lineage(ctx, job: Job, spec: JobSpec, session) -> str:
               "num_target_layers": drafter_config.get("num_target_layers"),
               "target_layer_ids": dflash.get("target_layer_ids"), "mask_token_id": dflash.get("mask_token_id"),
               "architecture": (drafter_config.get("architectures") or [None])[0]}
-    return runner.record_drafter(
-        session, job.id, target_revision=(sources.get("target") or {}).get("revision"),
+    return records.record_drafter(
+        target_revision=(sources.get("target") or {}).get("revision"),
         target_fingerprint=prepared.get("fingerprint") or report.get("target_fingerprint") or "",
         config=config, metrics=metrics, lineage=lineage,
         manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest())

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from domain import runs as runner
 from domain.models import Artifact, Job
 from schemas.job_spec import HuggingFaceDestination, JobSpec, S3Destination
 from trainer.errors import DraftsmithError
@@ -72,8 +71,7 @@ def publish_job(ctx: WorkerContext, job: Job, spec: JobSpec, reporter: StageRepo
         except Exception as exc:  # a library error: name the destination, never the credential
             raise PublishError(f"publish[{index}] ({_describe(destination)}) failed: "
                                f"{_scrub(_explain(exc), secrets)}") from None
-        runner.record_publication(reporter.session, job.id, kind=destination.kind, location=location,
-                                  revision=revision, url=url)
+        reporter.record_publication(kind=destination.kind, location=location, revision=revision, url=url)
         reporter.progress("publish", (index + 1) / len(spec.publish), f"published to {location}")
     return {"destinations": len(spec.publish)}
 

@@ -1,5 +1,7 @@
-"""A running stage's line to the database: progress events, training metrics, a heartbeat, and the
-cancellation poll, all through the stage-runner API.
+"""The worker's one door to a job's records (domain/runs.py): events, the cancellation poll, artifacts,
+publications, the drafter and usage (JobRecords), and a running stage's line to the database on top of it:
+progress, training metrics and a heartbeat (StageReporter). Only this module, worker/runner.py and the reaper
+in worker/app.py import domain/runs.py (tests/test_layout.py).
 
 The trainer reports progress as a fraction of the stage; this is the one place it becomes the API's
 percent. Progress events and metric points are batched (at most one write a second), because a fast GPU
@@ -41,28 +43,81 @@ def drain_marker(ctx: WorkerContext, worker_pid: int) -> Path:
     return ctx.cache / f"draining-{worker_pid}"
 
 
-class StageReporter:
-    def __init__(self, ctx: WorkerContext, job_id: str, stage: Stage):
-        self.ctx, self.job_id, self.stage = ctx, job_id, stage
-        self.session = ctx.session_factory()
-        self.stop_reason: str | None = None
-        self._pending_metrics: list[tuple[int, dict[str, float]]] = []
-        self._replaced_older = False
-        self._last_flush = 0.0
-        self._last_percent = -1.0
-        self._last_progress_at = 0.0
-        self._heartbeat = Beat(ctx, f"heartbeat-{job_id}", self._beat)
+class JobRecords:
+    """One job's records, written through the stage runs (domain/runs.py) in `session`: what the worker's
+    stages, shard claims, publisher and usage count may write about a job, and nothing else."""
 
-    def __enter__(self) -> StageReporter:
+    def __init__(self, ctx: WorkerContext, job_id: str, stage: Stage, session: Session):
+        self.ctx, self.job_id, self.stage, self.session = ctx, job_id, stage, session
+
+    def event(self, message: str, *, level: str = "info", data: dict | None = None) -> None:
+        runner.record_event(self.session, self.job_id, message, stage=self.stage, level=level, data=data)
+
+    def cancellation_requested(self, session: Session) -> bool:
+        """Asked on the heartbeat thread, in its own session."""
+        return runner.cancellation_requested(session, self.job_id)
+
+    def store_artifact(self, name: str, path: Path, *, kind: str, content_type: str) -> None:
+        runner.store_artifact(self.session, self.ctx.storage, self.job_id, name, path, kind=kind,
+                              content_type=content_type, stage=self.stage)
+
+    def record_publication(self, *, kind: str, location: str, revision: str | None, url: str | None) -> None:
+        runner.record_publication(self.session, self.job_id, kind=kind, location=location, revision=revision,
+                                  url=url)
+
+    def record_drafter(self, **lineage) -> str:
+        return runner.record_drafter(self.session, self.job_id, **lineage)
+
+
+def record_usage(ctx: WorkerContext, job_id: str, stage: Stage, *, compute_seconds: float, tokens_generated: int,
+                 tokens_trained: int) -> None:
+    """A stage attempt's usage (worker/usage.py), in a session of its own: it is written however the attempt ended,
+    whatever state the attempt's session is in."""
+    with ctx.session_factory() as session:
+        runner.record_usage(session, job_id, stage, compute_seconds=compute_seconds,
+                            tokens_generated=tokens_generated, tokens_trained=tokens_trained)
+
+
+class Beating:
+    """Work that keeps a row visibly alive: `beat(session)` runs on its own thread (Beat) from enter to exit; exit
+    then runs `finish()` and closes `session`, this object's own database session. A stage attempt
+    (StageReporter) and a generate stage's shard claims (worker/shards.py ShardClaims) are both this."""
+
+    def __init__(self, ctx: WorkerContext, name: str):
+        self.session = ctx.session_factory()
+        self._heartbeat = Beat(ctx, name, self.beat)
+
+    def __enter__(self):
         self._heartbeat.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._heartbeat.stop()
         try:
-            self.flush()
+            self.finish()
         finally:
             self.session.close()
+
+    def beat(self, session: Session) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """What to settle, in `session`, once the heartbeat has stopped."""
+
+
+class StageReporter(Beating, JobRecords):
+    def __init__(self, ctx: WorkerContext, job_id: str, stage: Stage):
+        Beating.__init__(self, ctx, f"heartbeat-{job_id}")
+        JobRecords.__init__(self, ctx, job_id, stage, self.session)
+        self.stop_reason: str | None = None
+        self._pending_metrics: list[tuple[int, dict[str, float]]] = []
+        self._replaced_older = False
+        self._last_flush = 0.0
+        self._last_percent = -1.0
+        self._last_progress_at = 0.0
+
+    def finish(self) -> None:
+        self.flush()
 
     # --- hooks handed to the trainer (trainer.pipeline.StageHooks) -------------------------------------
 
@@ -92,9 +147,6 @@ class StageReporter:
     def should_stop(self) -> bool:
         return self.stop_reason is not None
 
-    def event(self, message: str, *, level: str = "info", data: dict | None = None) -> None:
-        runner.record_event(self.session, self.job_id, message, stage=self.stage, level=level, data=data)
-
     def flush(self) -> None:
         pending, self._pending_metrics = self._pending_metrics, []
         if pending and not self._replaced_older:  # a resumed stage replays steps an earlier attempt recorded
@@ -106,12 +158,12 @@ class StageReporter:
 
     # --- the heartbeat thread -------------------------------------------------------------------------
 
-    def _beat(self, session) -> None:
+    def beat(self, session: Session) -> None:
         if draining(self.ctx):
             self.stop_reason = self.stop_reason or DRAINING
         if not runner.heartbeat(session, self.job_id, self.stage, self.ctx.worker_id):
             self.stop_reason = self.stop_reason or "the attempt was taken over or ended elsewhere"
-        elif runner.cancellation_requested(session, self.job_id):
+        elif self.cancellation_requested(session):
             self.stop_reason = "cancellation requested"
 
 

@@ -30,6 +30,7 @@ from trainer.errors import DraftsmithError, StageInterrupted
 from worker.context import WorkerContext
 from worker.errors import infrastructure_errors, storage_refusal
 from worker.reporting import DRAINING, StageReporter
+from worker.shards import SendHelpers
 from worker.stages import execute_stage
 
 log = logging.getLogger("draftsmith.worker")
@@ -49,7 +50,10 @@ Send = Callable[[str, Stage], None]
 """Enqueue run_job(job_id) on the queue of the given stage."""
 
 
-def run_job(ctx: WorkerContext, job_id: str, send: Send, *, retries_left: int = 0) -> Outcome:
+def run_job(ctx: WorkerContext, job_id: str, send: Send, *, send_helpers: SendHelpers | None = None,
+            retries_left: int = 0) -> Outcome:
+    """Run the job's stages that this worker's queues take, from the next one on; `send` hands the job to another
+    queue, `send_helpers` asks other workers to help a generate stage (DRAFTSMITH_WORKER_GENERATE_WORKERS > 1)."""
     with ctx.session_factory() as session:
         job = session.get(Job, job_id)
         if job is None or JobStatus(job.status) in TERMINAL_STATUSES:
@@ -84,17 +88,18 @@ def run_job(ctx: WorkerContext, job_id: str, send: Send, *, retries_left: int = 
                 log.info("job %s: not running %s: %s", job_id, stage, exc)
                 return Outcome.NOTHING_TO_DO
             job = session.get(Job, job_id, populate_existing=True)
-        outcome = _run_claimed(ctx, job, stage, send, retries_left)
+        outcome = _run_claimed(ctx, job, stage, send, send_helpers, retries_left)
         if outcome is not None:
             return outcome
 
 
-def _run_claimed(ctx: WorkerContext, job: Job, stage: Stage, send: Send, retries_left: int) -> Outcome | None:
+def _run_claimed(ctx: WorkerContext, job: Job, stage: Stage, send: Send, send_helpers: SendHelpers | None,
+                 retries_left: int) -> Outcome | None:
     """Run a claimed stage to its end; None means it finished and the job goes on to its next stage."""
     reporter = StageReporter(ctx, job.id, stage)
     try:
         with reporter:
-            execute_stage(ctx, job, stage, reporter)
+            execute_stage(ctx, job, stage, reporter, send_helpers)
     except StageInterrupted:
         with ctx.session_factory() as session:
             if runner.cancellation_requested(session, job.id):

@@ -16,11 +16,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from domain import shards as claims_db
-from domain import runs as runner
 from domain.jobs import load_stored_spec
 from domain.models import Job
 from domain.states import JobStatus
@@ -28,18 +27,28 @@ from schemas.stages import Stage
 from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.pipeline import StageHooks, run_stage
 from worker.context import WorkerContext
-from worker.reporting import DRAINING, FLUSH_SECONDS, Beat, StageReporter, draining
+from worker.job_files import JobFiles, job_run_config, launch_for
+from worker.reporting import DRAINING, FLUSH_SECONDS, Beating, JobRecords, StageReporter, draining
+from worker.usage import StageUsage
 
 log = logging.getLogger("draftsmith.worker")
 
 
-class ShardClaims:
-    """trainer.data.regenerate.ShardPlan over the database's claims, for the lead (`reporter` given: it reports
-    the job's progress summed over every shard and waits for the others) or a helper."""
+SendHelpers = Callable[[str, int], None]
+"""Ask `count` other GPU-queue workers to help generate job `job_id` (worker/app.py send_generate_helpers)."""
 
-    def __init__(self, ctx: WorkerContext, job_id: str, sync, reporter: StageReporter | None = None):
+
+class ShardClaims(Beating):
+    """trainer.data.regenerate.ShardPlan over the database's claims, for the lead (`reporter` given: it reports
+    the job's progress summed over every shard, asks for helpers with `send_helpers` and waits for the others) or
+    a helper."""
+
+    def __init__(self, ctx: WorkerContext, job_id: str, sync, reporter: StageReporter | None = None,
+                 send_helpers: SendHelpers | None = None):
+        super().__init__(ctx, f"shards-{job_id}")
         self.ctx, self.job_id, self.sync, self.reporter = ctx, job_id, sync, reporter
-        self.session = ctx.session_factory()
+        self.send_helpers = send_helpers
+        self.records = JobRecords(ctx, job_id, Stage.GENERATE, self.session)
         self.files: list[list[str]] = []  # per shard, its files relative to the job's work folder (begin)
         self._reported_at = 0.0
         self.max_new_tokens = 0  # every prompt's planned response tokens (begin)
@@ -48,20 +57,13 @@ class ShardClaims:
         self.written: list[tuple[int, int, float]] = []  # (shard, tokens, seconds) written by this process
         self.stop_reason: str | None = None
         self._shown = 0.0  # the job's progress never goes back, even when a dead worker's partial shard is redone
-        self._heartbeat = Beat(ctx, f"shards-{job_id}", self._beat)
 
-    def __enter__(self) -> ShardClaims:
-        self._heartbeat.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._heartbeat.stop()
+    def finish(self) -> None:
         if self.current is not None:  # stopped before writing it: free it for another worker now
             try:
                 claims_db.release_shard(self.session, self.job_id, self.current[0], self.ctx.worker_id)
             except Exception:
                 log.warning("job %s: could not release shard %s", self.job_id, self.current[0], exc_info=True)
-        self.session.close()
 
     @property
     def tokens_here(self) -> int:
@@ -80,15 +82,16 @@ class ShardClaims:
         if self.reporter is None:
             return
         # The lead: a row per shard (a resumed stage keeps the rows it has), then N - 1 helpers asked to claim.
-        from worker.app import send_generate_helpers
-
         claims_db.plan_shards(self.session, self.job_id, sizes)
         helpers = min(self.ctx.settings.worker_generate_workers, len(sizes)) - 1
         self.reporter.event(f"generate: {len(sizes)} shards of up to {max(sizes, default=0)} prompts over up to "
                             f"{helpers + 1} workers",
                             data={"shards": len(sizes), "shard_size": max(sizes, default=0), "workers": helpers + 1})
         if helpers > 0:
-            send_generate_helpers(self.job_id, helpers)
+            if self.send_helpers is None:
+                raise DraftsmithError("this generate stage was asked to lead helpers but was given no way to ask "
+                                      "for them (ShardClaims' send_helpers)")
+            self.send_helpers(self.job_id, helpers)
 
     def claims(self, missing: list[int]) -> Iterator[int]:
         stale = self.ctx.settings.worker_stale_after_seconds
@@ -195,22 +198,19 @@ class ShardClaims:
         return True
 
     def _event(self, message: str, *, level: str = "info", data: dict | None = None) -> None:
-        runner.record_event(self.session, self.job_id, message, stage=Stage.GENERATE, level=level, data=data)
+        self.records.event(message, level=level, data=data)
 
-    def _beat(self, session) -> None:
+    def beat(self, session) -> None:
         if draining(self.ctx):
             self.stop_reason = self.stop_reason or DRAINING
         if (current := self.current) is not None:  # a claim taken over meanwhile is finished anyway: same shard
             claims_db.shard_heartbeat(session, self.job_id, current[0], self.ctx.worker_id, current[1], current[2])
-        if self.reporter is None and runner.cancellation_requested(session, self.job_id):
+        if self.reporter is None and self.records.cancellation_requested(session):
             self.stop_reason = "cancellation requested"  # (the lead's reporter polls its own)
 
 
 def help_generate(ctx: WorkerContext, job_id: str) -> str:
     """The `draftsmith.generate_shards(job_id)` task: claim and write the job's shards until none is left to claim."""
-    from worker.stages import JobFiles, job_run_config, launch_for
-    from worker.usage import StageUsage
-
     with ctx.session_factory() as session:
         job = session.get(Job, job_id)
         rows = claims_db.shard_rows(session, job_id) if job is not None else []

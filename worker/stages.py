@@ -14,23 +14,17 @@ import json
 import mimetypes
 from pathlib import Path
 
-from sqlalchemy import select
-
-from domain import runs as runner
 from domain.jobs import load_stored_spec
-from domain.models import Job, PromptFile
-from domain.settings import Settings
-from schemas.job_spec import JobSpec
+from domain.models import Job
 from schemas.stages import Stage
-from trainer.job_config import run_config_from_spec
 from trainer.lineage import environment
-from trainer.pipeline import Launch, Layout, StageHooks, run_stage
+from trainer.pipeline import StageHooks, run_stage
 from worker.context import WorkerContext
-from worker.drafters import record_lineage, resolve_drafter
+from worker.drafters import record_lineage
+from worker.job_files import JobFiles, job_run_config, launch_for
 from worker.reporting import StageReporter
-from worker.sources import Caller, resolve_prompts, resolve_target
+from worker.shards import SendHelpers, ShardClaims
 from worker.usage import StageUsage
-from worker.sync import WorkSync
 
 # What each trainer stage reads, relative to the job's work directory.
 STAGE_INPUTS: dict[Stage, tuple[str, ...]] = {
@@ -44,40 +38,19 @@ ARTIFACT_KINDS = {".safetensors": "safetensors", ".gguf": "gguf", ".jsonl": "met
 NAMED_KINDS = {"README.md": "model-card", "report.json": "report", "manifest.json": "manifest", "config.json": "config"}
 
 
-def launch_for(settings: Settings) -> Launch:
-    """How this worker runs a stage: what writes regenerated responses (DRAFTSMITH_WORKER_GENERATE_BACKEND), the
-    device it has (DRAFTSMITH_WORKER_DEVICE, which a job's compute.device must agree with), and training's
-    DRAFTSMITH_WORKER_NPROC processes per node, across the nodes of DRAFTSMITH_WORKER_HOSTFILE when one is set. The
-    deployment manifests render both (infra/k8s); tests/infra/test_multinode_launch.py checks the command they lead
-    to."""
-    return Launch(nproc=settings.worker_nproc, hostfile=settings.worker_hostfile,
-                  generate_backend=settings.worker_generate_backend, device=settings.worker_device)
-
-
-class JobFiles:
-    """A job's local directories on this worker and their mirror in object storage."""
-
-    def __init__(self, ctx: WorkerContext, job_id: str):
-        root = ctx.job_dir(job_id)
-        self.layout = Layout.under(root / "work", root / "artifacts")
-        self.sync = WorkSync(ctx.storage, f"jobs/{job_id}/work", root / "work")
-
-    @property
-    def work(self) -> Path:
-        return self.layout.prepared.parent
-
-
-def execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageReporter) -> dict:
+def execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageReporter,
+                  send_helpers: SendHelpers | None = None) -> dict:
     """Run `stage` of `job` here; return its summary. Raises what the stage raises (DraftsmithError with a code,
     StageInterrupted on cancellation, infrastructure errors for the caller to retry). The attempt's compute
     seconds and tokens count towards the organisation's usage (worker/usage.py), however it ends."""
     with StageUsage(ctx, job, stage) as usage:
-        info = _execute_stage(ctx, job, stage, reporter)
+        info = _execute_stage(ctx, job, stage, reporter, send_helpers)
         usage.tokens_from(info)
         return info
 
 
-def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageReporter) -> dict:
+def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageReporter,
+                   send_helpers: SendHelpers | None) -> dict:
     files = JobFiles(ctx, job.id)
     marker = f"stages/{stage}.json"
     if files.sync.has(marker):
@@ -90,7 +63,7 @@ def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageRe
 
         info = publish_job(ctx, job, spec, reporter)
         # The drafter, with its lineage, becomes one of the organisation's published drafters (GET /v1/drafters).
-        info["drafter_id"] = record_lineage(ctx, job, spec, reporter.session)
+        info["drafter_id"] = record_lineage(ctx, job, spec, reporter)
     else:
         files.sync.pull(*STAGE_INPUTS[stage])
         latest = files.layout.train / "checkpoints" / "latest"
@@ -104,7 +77,7 @@ def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageRe
         hooks = StageHooks(progress=reporter.progress, should_stop=reporter.should_stop, on_saved=files.sync.push,
                            on_metrics=reporter.metrics)
         if stage is Stage.GENERATE and ctx.settings.worker_generate_workers > 1:
-            info = _generate_with_helpers(ctx, job, config, files, hooks, reporter)
+            info = _generate_with_helpers(ctx, job, config, files, hooks, reporter, send_helpers)
         else:
             info = run_stage(stage, config, files.layout, hooks, launch_for(ctx.settings))
         if stage is Stage.TRAIN:  # the code that trained it, for the drafter's lineage
@@ -116,72 +89,15 @@ def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageRe
 
 
 def _generate_with_helpers(ctx: WorkerContext, job: Job, config, files: JobFiles, hooks: StageHooks,
-                           reporter: StageReporter) -> dict:
+                           reporter: StageReporter, send_helpers: SendHelpers | None) -> dict:
     """The generate stage spread over DRAFTSMITH_WORKER_GENERATE_WORKERS workers (worker/shards.py): this worker
     leads, claims shards beside its helpers, and reports the job's progress summed over every shard."""
-    from worker.shards import ShardClaims
-
-    with ShardClaims(ctx, job.id, files.sync, reporter) as shards:
+    with ShardClaims(ctx, job.id, files.sync, reporter, send_helpers) as shards:
         hooks = dataclasses.replace(hooks, progress=lambda stage, fraction, detail: None,
                                     should_stop=shards.should_stop, shards=shards)
         info = run_stage(Stage.GENERATE, config, files.layout, hooks, launch_for(ctx.settings))
         shards.throughput_event()
     return {**info, "response_tokens_here": shards.tokens_here}
-
-
-def job_run_config(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, reporter: StageReporter | None, *,
-                   pin: bool):
-    """The job's RunConfig on this worker: its spec with the target, prompts and parent drafter fetched here."""
-    return run_config_from_spec(spec, **local_sources(ctx, job, spec, files, reporter, pin=pin))
-
-
-def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, reporter: StageReporter | None, *,
-                  pin: bool) -> dict[str, str | None]:
-    """The target, the prompts (and a warm start's parent drafter) as local paths. `prepare` resolves the URIs and
-    records the exact revisions in sources.json (and reports them through `reporter`); later stages, and a generate
-    stage's helpers, fetch those revisions, whichever machine they run on."""
-    sources_file = files.work / "sources.json"
-    if pin or not sources_file.is_file():
-        target_uri, source = spec.target.uri, spec.data.source
-    else:
-        pinned = json.loads(sources_file.read_text())
-        target_uri, source = pinned["target"]["pinned_uri"], pinned["prompts"]["pinned_uri"]
-    cache = ctx.cache
-    caller = Caller(job.org_id, ctx.session_factory)  # every fetch is judged for this organisation
-    target = resolve_target(target_uri, ctx.settings, cache, caller=caller, allow_pickle=spec.target.allow_pickle,
-                            trust_remote_code=spec.target.trust_remote_code)
-    uploaded_key = None
-    if source.startswith("file-"):
-        with ctx.session_factory() as session:
-            uploaded_key = session.scalar(select(PromptFile.storage_key).where(
-                PromptFile.id == source, PromptFile.org_id == job.org_id))
-    prompts = resolve_prompts(source, ctx.settings, cache, caller=caller, count=spec.data.count,
-                              uploaded_key=uploaded_key, storage=ctx.storage)
-    parent = None
-    if spec.init is not None:  # a warm start: the parent drafter, pinned like the target
-        reference = spec.init.from_drafter if pin or not sources_file.is_file() else \
-            json.loads(sources_file.read_text()).get("init", {}).get("pinned_uri", spec.init.from_drafter)
-        parent = resolve_drafter(reference, ctx, job.org_id)
-    if pin:
-        pinned = {"target": {"uri": spec.target.uri, "revision": target.revision,
-                             "pinned_uri": _pinned(spec.target.uri, target.revision)},
-                  "prompts": {"uri": source, "revision": prompts.revision,
-                              "pinned_uri": _pinned(source, prompts.revision)}}
-        if spec.init is not None and parent is not None:
-            pinned["init"] = {"uri": spec.init.from_drafter, "revision": parent.revision,
-                              "pinned_uri": _pinned(spec.init.from_drafter, parent.revision)}
-        sources_file.parent.mkdir(parents=True, exist_ok=True)
-        sources_file.write_text(json.dumps(pinned, indent=2))
-        files.sync.push(sources_file)
-        reporter.event(f"target {spec.target.uri}" + (f" pinned at revision {target.revision}" if target.revision else ""),
-                       data={"target_revision": target.revision, "prompts_revision": prompts.revision})
-    return {"target": target.path, "prompts": prompts.path, "parent_drafter": parent.path if parent else None}
-
-
-def _pinned(uri: str, revision: str | None) -> str:
-    if uri.startswith("hf://") and revision:
-        return f"{uri.partition('@')[0]}@{revision}"
-    return uri
 
 
 def _register_artifacts(ctx: WorkerContext, job_id: str, out: Path, reporter: StageReporter) -> None:
@@ -192,5 +108,4 @@ def _register_artifacts(ctx: WorkerContext, job_id: str, out: Path, reporter: St
         path = out / name
         kind = NAMED_KINDS.get(Path(name).name) or ARTIFACT_KINDS.get(path.suffix, "file")
         content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        runner.store_artifact(reporter.session, ctx.storage, job_id, name, path, kind=kind,
-                              content_type=content_type, stage=Stage.EXPORT)
+        reporter.store_artifact(name, path, kind=kind, content_type=content_type)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import time
 
-from domain import runs as runner
 from domain.jobs import load_stored_spec
 from domain.models import Job
 from schemas.stages import Stage
 from schemas.validation_plan import validation_tokens
+from worker.reporting import record_usage
 
 log = logging.getLogger("draftsmith.worker")
 
@@ -49,8 +49,7 @@ class StageUsage:
     def __exit__(self, *exc) -> None:
         seconds = (time.monotonic() - self.started) * self.devices
         try:
-            with self.ctx.session_factory() as session:
-                runner.record_usage(session, self.job_id, self.stage, compute_seconds=round(seconds, 3),
-                                    tokens_generated=self.tokens_generated, tokens_trained=self.tokens_trained)
+            record_usage(self.ctx, self.job_id, self.stage, compute_seconds=round(seconds, 3),
+                         tokens_generated=self.tokens_generated, tokens_trained=self.tokens_trained)
         except Exception:  # usage must never fail (or mask the error of) the stage it describes
             log.warning("job %s: could not record the usage of stage %s", self.job_id, self.stage, exc_info=True)

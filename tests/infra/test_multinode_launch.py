@@ -11,7 +11,7 @@ from deepspeed.launcher.runner import _parse_hostfile, fetch_hostfile, parse_arg
 from infra_files import ROOT, config_map_data, container, one, pod_environment, read_env_file, render, settings_from
 
 from trainer.training.launch import training_command
-from worker.stages import launch_for
+from worker.job_files import launch_for
 
 SCRIPT = (ROOT / "infra" / "docker" / "trainer-node.sh").read_text()
 GPU_DOCKERFILE = (ROOT / "infra" / "docker" / "worker-gpu.Dockerfile").read_text()
@@ -55,7 +55,7 @@ def test_the_trainer_pod_settings_lead_to_the_deepspeed_launcher_over_the_mounte
     path, content = mounted_hostfile(docs, statefulset)
     settings = pod_settings()
     assert settings.worker_hostfile == path
-    launch = launch_for(settings)  # what the worker's train stage is given (worker/stages.py)
+    launch = launch_for(settings)  # what the worker's train stage is given (worker/job_files.py)
     assert launch.nproc == int(container(statefulset)["resources"]["limits"]["nvidia.com/gpu"])
     spec = tmp_path / "launch.json"
     command = training_command(launch.nproc, launch.hostfile, spec, 29500)

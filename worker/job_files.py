@@ -1,0 +1,100 @@
+"""A job's files on this worker (JobFiles: its local folders and their mirror in object storage), the RunConfig its
+spec becomes here with the target, prompts and parent drafter fetched (job_run_config), and how this worker runs
+a stage (launch_for). Shared by a stage's run (worker/stages.py) and a generate stage's helpers (worker/shards.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sqlalchemy import select
+
+from domain.models import Job, PromptFile
+from domain.settings import Settings
+from schemas.job_spec import JobSpec
+from trainer.job_config import run_config_from_spec
+from trainer.pipeline import Launch, Layout
+from worker.context import WorkerContext
+from worker.drafters import resolve_drafter
+from worker.reporting import JobRecords
+from worker.sources import Caller, resolve_prompts, resolve_target
+from worker.sync import WorkSync
+
+
+def launch_for(settings: Settings) -> Launch:
+    """How this worker runs a stage: what writes regenerated responses (DRAFTSMITH_WORKER_GENERATE_BACKEND), the
+    device it has (DRAFTSMITH_WORKER_DEVICE, which a job's compute.device must agree with), and training's
+    DRAFTSMITH_WORKER_NPROC processes per node, across the nodes of DRAFTSMITH_WORKER_HOSTFILE when one is set. The
+    deployment manifests render both (infra/k8s); tests/infra/test_multinode_launch.py checks the command they lead
+    to."""
+    return Launch(nproc=settings.worker_nproc, hostfile=settings.worker_hostfile,
+                  generate_backend=settings.worker_generate_backend, device=settings.worker_device)
+
+
+class JobFiles:
+    """A job's local directories on this worker and their mirror in object storage."""
+
+    def __init__(self, ctx: WorkerContext, job_id: str):
+        root = ctx.job_dir(job_id)
+        self.layout = Layout.under(root / "work", root / "artifacts")
+        self.sync = WorkSync(ctx.storage, f"jobs/{job_id}/work", root / "work")
+
+    @property
+    def work(self) -> Path:
+        return self.layout.prepared.parent
+
+
+def job_run_config(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, reporter: JobRecords | None, *,
+                   pin: bool):
+    """The job's RunConfig on this worker: its spec with the target, prompts and parent drafter fetched here."""
+    return run_config_from_spec(spec, **local_sources(ctx, job, spec, files, reporter, pin=pin))
+
+
+def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, reporter: JobRecords | None, *,
+                  pin: bool) -> dict[str, str | None]:
+    """The target, the prompts (and a warm start's parent drafter) as local paths. `prepare` resolves the URIs and
+    records the exact revisions in sources.json (and reports them through `reporter`); later stages, and a generate
+    stage's helpers, fetch those revisions, whichever machine they run on."""
+    sources_file = files.work / "sources.json"
+    if pin or not sources_file.is_file():
+        target_uri, source = spec.target.uri, spec.data.source
+    else:
+        pinned = json.loads(sources_file.read_text())
+        target_uri, source = pinned["target"]["pinned_uri"], pinned["prompts"]["pinned_uri"]
+    cache = ctx.cache
+    caller = Caller(job.org_id, ctx.session_factory)  # every fetch is judged for this organisation
+    target = resolve_target(target_uri, ctx.settings, cache, caller=caller, allow_pickle=spec.target.allow_pickle,
+                            trust_remote_code=spec.target.trust_remote_code)
+    uploaded_key = None
+    if source.startswith("file-"):
+        with ctx.session_factory() as session:
+            uploaded_key = session.scalar(select(PromptFile.storage_key).where(
+                PromptFile.id == source, PromptFile.org_id == job.org_id))
+    prompts = resolve_prompts(source, ctx.settings, cache, caller=caller, count=spec.data.count,
+                              uploaded_key=uploaded_key, storage=ctx.storage)
+    parent = None
+    if spec.init is not None:  # a warm start: the parent drafter, pinned like the target
+        reference = spec.init.from_drafter if pin or not sources_file.is_file() else \
+            json.loads(sources_file.read_text()).get("init", {}).get("pinned_uri", spec.init.from_drafter)
+        parent = resolve_drafter(reference, ctx, job.org_id)
+    if pin:
+        pinned = {"target": {"uri": spec.target.uri, "revision": target.revision,
+                             "pinned_uri": _pinned(spec.target.uri, target.revision)},
+                  "prompts": {"uri": source, "revision": prompts.revision,
+                              "pinned_uri": _pinned(source, prompts.revision)}}
+        if spec.init is not None and parent is not None:
+            pinned["init"] = {"uri": spec.init.from_drafter, "revision": parent.revision,
+                              "pinned_uri": _pinned(spec.init.from_drafter, parent.revision)}
+        sources_file.parent.mkdir(parents=True, exist_ok=True)
+        sources_file.write_text(json.dumps(pinned, indent=2))
+        files.sync.push(sources_file)
+        reporter.event(f"target {spec.target.uri}" + (f" pinned at revision {target.revision}" if target.revision else ""),
+                       data={"target_revision": target.revision, "prompts_revision": prompts.revision})
+    return {"target": target.path, "prompts": prompts.path, "parent_drafter": parent.path if parent else None}
+
+
+def _pinned(uri: str, revision: str | None) -> str:
+    if uri.startswith("hf://") and revision:
+        return f"{uri.partition('@')[0]}@{revision}"
+    return uri
