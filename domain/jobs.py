@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import exists, func, select, update
+from sqlalchemy import Row, exists, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -113,6 +113,18 @@ def get_job_for_org(session: Session, org_id: str, job_id: str, *, lock: bool = 
     if job is None:
         raise NotFound(f"no job {job_id!r} in your organisation")
     return job
+
+
+def job_state_for_org(session: Session, org_id: str, job_id: str) -> Row[tuple[str, str, int]]:
+    """The job's `id`, `status` and `event_seq` (a row), if it belongs to `org_id`; otherwise the same 404 as
+    `get_job_for_org`. For reads that need no more of the job (its events, its metrics): the full row carries
+    the spec, and loading it as an entity costs more than the rest of such a request."""
+    row = session.execute(
+        select(Job.id, Job.status, Job.event_seq).where(Job.id == job_id, Job.org_id == org_id)
+    ).first()
+    if row is None:
+        raise NotFound(f"no job {job_id!r} in your organisation")
+    return row
 
 
 def next_stage(session: Session, job_id: str) -> Stage | None:
