@@ -8,6 +8,7 @@ is never touched here; run `draftsmith db upgrade` first.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,9 +27,20 @@ from domain.redaction import install_log_redaction, register_secret_values, secr
 from api.routes import audits, drafters, files, health, job_data, jobs, secrets, usage, webhooks
 from domain.settings import Settings
 from domain.webhooks import dispatch_due_webhooks
-from draftsmith import __version__
 
 log = logging.getLogger("draftsmith.api")
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject's `version`), from its metadata: the API does not import the
+    `draftsmith` command's package for it (tests/test_layout.py)."""
+    try:
+        return importlib.metadata.version("draftsmith")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _version()
 JSON_BODY_LIMIT = 1 << 20  # a job spec is a few KB; 1 MiB leaves room and stops abuse
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers around an upload
 

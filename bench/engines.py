@@ -40,7 +40,7 @@ def main() -> None:
     import tempfile
 
     from trainer.export.drafter_d2t import REFERENCE_DIR
-    from trainer.export.engine_figures import engine_markdown
+    from report.engine_figures import engine_markdown
     from trainer.pipeline import RunConfig, open_job, Layout
     from trainer.validation.engines import ENGINE_MAX_NEW_TOKENS, ENGINE_PROMPTS, engine_step
 

@@ -208,9 +208,9 @@ def check_export(name: str, args, target, references, prompts: int) -> dict:
     _, holdout = split_prompts(load_prompts(), recipe.HOLDOUT_SHARE)
     report = validate(target, drafter, holdout[:6], SamplingParams(), sampling_draws=60)
     check = {"row": name, "drafter_dir": row["drafter_dir"], "greedy_prompts": prompts,
-             "block_size": decoder.block_size, "greedy_mismatches": mismatches, "validate_passed": report["passed"],
-             "validate_tau": report["tau"], "validate_lossless": report["lossless"],
-             "recommended_block_size": report["recommended_block_size"]}
+             "block_size": decoder.block_size, "greedy_mismatches": mismatches, "validate_passed": report.passed,
+             "validate_tau": report.tau, "validate_lossless": report.lossless.to_json(),
+             "recommended_block_size": report.recommended_block_size}
     (args.work / "checks").mkdir(parents=True, exist_ok=True)
     (args.work / "checks" / f"{name}.json").write_text(json.dumps(check, indent=1, default=str))
     return check

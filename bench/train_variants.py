@@ -22,6 +22,7 @@ from pathlib import Path
 from schemas import recipe
 from schemas.sampling import SamplingParams
 from schemas.stages import Stage
+from schemas.validation_report import ValidationReport
 from trainer.pipeline import Layout, RunConfig, open_job, run_stage
 from trainer.training.config import TrainConfig
 
@@ -69,11 +70,12 @@ def main() -> None:
         run_stage(Stage.TRAIN, config, layout, job=job)
         train_seconds = time.perf_counter() - started
         run_stage(Stage.VALIDATE, config, layout, job=job)
-        report = json.loads(layout.report.read_text())
+        report = ValidationReport.load(layout.report)
         records = [json.loads(line) for line in layout.metrics.read_text().splitlines()]
         results[variant] = {
-            "tau": report["tau"], "oracle_tau": report["oracle_tau"], "per_position": report["tau_per_position"],
-            "by_category": report["acceptance_by_category"], "train_minutes": round(train_seconds / 60, 2),
+            "tau": report.tau, "oracle_tau": report.oracle_tau, "per_position": report.tau_per_position,
+            "by_category": {name: c.to_json() for name, c in (report.acceptance_by_category or {}).items()},
+            "train_minutes": round(train_seconds / 60, 2),
             "train_tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in records), 1),
             "final_loss": records[-1]["loss"], "train_tau_estimate": records[-1]["train_tau_estimate"],
         }

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from schemas.manifest import sha256_file, verify_manifest
+from schemas.validation_report import ValidationReport
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -102,9 +103,9 @@ class Client:
     def artifacts(self, job_id: str) -> list[dict]:
         return self._call("GET", f"/v1/jobs/{job_id}/artifacts")["data"]
 
-    def report(self, job_id: str) -> dict | None:
-        """The job's validation report (report.json: tau, speedup, `serving_advice`), or None before validation
-        has written one."""
+    def report(self, job_id: str) -> ValidationReport | None:
+        """The job's validation report (report.json, typed: tau, speedup, `serving_advice`;
+        schemas/validation_report.py), or None before validation has written one."""
         artifact = next((a for a in self.artifacts(job_id) if a["name"] == "report.json"), None)
         if artifact is None:
             return None
@@ -114,7 +115,7 @@ class Client:
             raise Unreachable(f"report.json of {job_id} did not arrive from {self.url} ({error})") from None
         if response.status_code >= 400:
             raise ApiError(response.status_code, _problem(response))
-        return response.json()
+        return ValidationReport.read(response.json())
 
     # --- audits, drafters, usage (issue 12) -------------------------------------------------------------
 

@@ -160,9 +160,9 @@ def _echo_serving_advice(client, job: dict) -> None:
     except (ApiError, Unreachable, ValueError) as error:  # the job's outcome stands; only the advice is missing
         click.echo(f"serving advice unavailable: could not read report.json ({error})", err=True)
         return
-    advice = (report or {}).get("serving_advice") or {}
-    if advice.get("summary"):
-        click.echo(advice["summary"], err=True)
+    advice = report.serving_advice if report is not None else None
+    if advice is not None and advice.summary:
+        click.echo(advice.summary, err=True)
 
 
 def download_artifacts(client, job_id: str, directory: Path) -> None:

@@ -22,37 +22,36 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAN: dict[str, set[str]] = {
     "schemas": set(),
     "kernels": set(),
-    "trainer": {"schemas", "kernels"},
+    "trainer": {"schemas", "kernels", "report"},
     "domain": {"schemas"},
-    "api": {"domain", "schemas", "migrations"},
+    "api": {"domain", "schemas", "migrations", "report"},
     "worker": {"domain", "schemas", "trainer", "migrations"},
     "migrations": {"domain"},
     "draftsmith": {"schemas", "trainer"},
     "report": {"schemas"},
 }
-"""The end state: the in-repo packages each product package may import (the house plan's table, and one
-addition: the API's and the worker's edges ask `migrations.revisions` whether the schema is current before they
-serve, and `draftsmith db` runs the migrations; the domain core itself never imports `migrations`)."""
+"""The end state: the in-repo packages each product package may import (the house plan's table, and two
+additions: the API's and the worker's edges ask `migrations.revisions` whether the schema is current before they
+serve, and `draftsmith db` runs the migrations, while the domain core itself never imports `migrations`; and the
+`report` leaf, the report's renderers and chart assets, is read by the trainer's export and the API's dashboard)."""
 
 PACKAGES = set(PLAN)
 
 FORBIDDEN: dict[str, set[str]] = {
     "kernels": {"trainer", "api", "worker", "fastapi", "celery", "sqlalchemy", "alembic"},
-    "trainer": {"api", "worker", "fastapi", "celery", "sqlalchemy", "alembic"},
+    "trainer": {"api", "worker", "draftsmith", "fastapi", "celery", "sqlalchemy", "alembic"},
     "schemas": {"torch", "transformers", "trainer", "kernels", "api", "worker", "fastapi", "celery", "sqlalchemy"},
     "api": {"torch", "transformers", "deepspeed", "trainer", "kernels", "worker"},
     "domain": {"api", "worker", "trainer", "migrations", "draftsmith", "fastapi", "starlette", "uvicorn", "torch"},
     "worker": {"api", "fastapi", "starlette"},
     "migrations": {"api", "fastapi", "starlette", "worker", "trainer", "torch"},
+    "report": {"torch", "api", "domain", "worker", "trainer", "fastapi"},
 }
 """Absolute rules, no exceptions: what a package never imports (in-repo or third-party)."""
 
-KNOWN: set[tuple[str, str]] = {
-    # trainer reads the version and the chart assets from draftsmith (house plan S6)
-    ("trainer/lineage.py", "draftsmith"),
-    # the API reads its version from draftsmith (S6)
-    ("api/main.py", "draftsmith"),
-}
+KNOWN: set[tuple[str, str]] = set()
+"""Empty since house plan S6 (trainer/lineage.py and api/main.py read the version from the distribution's
+metadata, the chart assets live in report/); kept so that a later step can hold the same ratchet."""
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -134,6 +133,47 @@ def test_no_private_name_is_imported_across_packages():
                 if root in PACKAGES and root != package and private:
                     offenders.append(f"{path.relative_to(ROOT)}: from {node.module} import {', '.join(private)}")
     assert not offenders, offenders
+
+
+def resource_packages(source: str) -> set[str]:
+    """The packages a file names to `resources.files("pkg")` / `importlib.resources.files("pkg")` (or a bare
+    `files("pkg")` imported from importlib.resources) with a constant string: files it reads as package data."""
+    tree = ast.parse(source)
+    bare = any(isinstance(node, ast.ImportFrom) and node.module == "importlib.resources"
+               and any(alias.name == "files" for alias in node.names) for node in ast.walk(tree))
+    named = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)):
+            continue
+        func = node.func
+        through_resources = (isinstance(func, ast.Attribute) and func.attr == "files" and (
+            isinstance(func.value, ast.Name) and func.value.id == "resources"
+            or isinstance(func.value, ast.Attribute) and func.value.attr == "resources"))
+        if through_resources or bare and isinstance(func, ast.Name) and func.id == "files":
+            named.add(node.args[0].value)
+    return named
+
+
+def resource_violations() -> set[tuple[str, str]]:
+    found = set()
+    for package, allowed in PLAN.items():
+        for path in product_files(package):
+            for name in resource_packages(path.read_text()):
+                root = name.split(".")[0]
+                if root in FORBIDDEN.get(package, set()) or root in PACKAGES and root not in allowed | {package}:
+                    found.add((str(path.relative_to(ROOT)), name))
+    return found
+
+
+def test_package_data_is_read_only_from_packages_the_file_may_import():
+    """Reading another package's files is importing it by another name (report.html read `draftsmith/static/`
+    from the trainer): a constant `resources.files("pkg")` may name only a package the file may import."""
+    assert resource_packages('from importlib import resources\nresources.files("api").joinpath("x")') == {"api"}
+    assert resource_packages('import importlib.resources\nimportlib.resources.files("report.static")') == {"report.static"}
+    assert resource_packages('from importlib.resources import files\nfiles("worker")') == {"worker"}
+    offenders = resource_violations()
+    assert not offenders, f"package data read from packages the file may not import: {sorted(offenders)}"
 
 
 def import_with_blocked(modules: str, blocked: set[str]) -> subprocess.CompletedProcess:

@@ -36,6 +36,7 @@ import torch
 
 from schemas.audit import AuditSpec, AuditThresholds
 from schemas.sampling import SamplingParams
+from schemas.validation_report import ValidationReport
 from trainer.data.prompts import Prompt
 from trainer.drafter.checkpoint import load_drafter
 from trainer.drafter.model import Drafter
@@ -134,9 +135,7 @@ def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt
     directory, report_file = drafter_directory(drafter_path)
     reference_source = "given" if reference_tau is not None else None
     if reference_tau is None and report_file is not None:
-        import json
-
-        reference_tau, reference_source = json.loads(report_file.read_text()).get("tau"), str(report_file)
+        reference_tau, reference_source = ValidationReport.load(report_file).tau, str(report_file)
     drafter = load_drafter(directory, target.device, target.dtype)
     fits = compatibility(target, drafter)
     check_fits(target, as_measured(drafter))
@@ -148,27 +147,27 @@ def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt
     return {
         "compatible": True,
         "compatibility": fits,
-        "lossless": {"passed": report["passed"], **report["lossless"]},
-        "tau": report["tau"],
-        "tau_per_position": report["tau_per_position"],
-        "acceptance_by_category": report["acceptance_by_category"],
-        "oracle_tau": report["oracle_tau"],
-        "block_size": report["block_size"],
-        "recommended_block_size": report["recommended_block_size"],
-        "speedup": report["speedup"],
+        "lossless": {"passed": report.passed, **report.lossless.to_json()},
+        "tau": report.tau,
+        "tau_per_position": report.tau_per_position,
+        "acceptance_by_category": {name: c.to_json() for name, c in report.acceptance_by_category.items()},
+        "oracle_tau": report.oracle_tau,
+        "block_size": report.block_size,
+        "recommended_block_size": report.recommended_block_size,
+        "speedup": report.speedup.to_json(),
         "reference": {"tau": reference_tau, "source": reference_source,
-                      "delta": None if reference_tau is None else round(report["tau"] - reference_tau, 4)},
-        "recommendation": recommend(report["tau"], reference_tau, lossless=report["passed"], same_fingerprint=same,
+                      "delta": None if reference_tau is None else round(report.tau - reference_tau, 4)},
+        "recommendation": recommend(report.tau, reference_tau, lossless=report.passed, same_fingerprint=same,
                                     thresholds=thresholds),
         "prompts": len(prompts),
         "sampling_parameters": params.model_dump(mode="json"),
         "validation_max_new_tokens": max_new_tokens,
         "target_fingerprint": target.fingerprint,
-        "device": report["device"],
-        "greedy_gate": report["greedy_gate"],
+        "device": report.device.to_json(),
+        "greedy_gate": report.greedy_gate.to_json(),
         "tokens_generated": validation_tokens(len(prompts), max_new_tokens, sampling_draws,
-                                              every_prompt=report["greedy_gate"]["every_prompt"],
-                                              shaped_reference=report["greedy_gate"]["verify_width"] > 1).total,
+                                              every_prompt=report.greedy_gate.every_prompt,
+                                              shaped_reference=report.greedy_gate.verify_width > 1).total,
         "minutes": round((time.perf_counter() - started) / 60, 2),
     }
 

@@ -313,6 +313,7 @@ def validate(target_spec, drafter_dir, out_file, prompts, holdout, num_prompts, 
              sampling_draws, device, dtype, **sampling) -> None:
     """Prove a drafter lossless on held-out prompts and measure tau and speedup; writes report.json."""
     from schemas.stages import Stage
+    from schemas.validation_report import ValidationReport
     from trainer.pipeline import Layout, RunConfig, run_stage
 
     config = RunConfig(target=target_spec, sampling=make_sampling(**sampling), prompts=prompts, holdout=holdout,
@@ -324,8 +325,8 @@ def validate(target_spec, drafter_dir, out_file, prompts, holdout, num_prompts, 
     hooks, bar = stage_hooks(num_prompts, "prompt", "validate")
     with bar:
         summary = run_stage(Stage.VALIDATE, config, layout, hooks)
-    report = json.loads(out_file.read_text())
-    click.echo(json.dumps({k: report[k] for k in ("passed", "tau", "oracle_tau", "recommended_block_size")}
+    report = ValidationReport.load(out_file)
+    click.echo(json.dumps(report.model_dump(include={"passed", "tau", "oracle_tau", "recommended_block_size"})
                           | {"speedup": summary["speedup"]}))
 
 

@@ -14,6 +14,7 @@ import click
 from schemas import recipe
 from schemas.presets import PRESETS, Preset, choose_preset, lay_under
 from schemas.prompts import BUILTIN_PROMPT_COUNT
+from schemas.validation_report import Speedup, ValidationReport
 from trainer.cli import device_options, parse_layers, sampling_options, train_default, user_errors
 from trainer.errors import DraftsmithError
 
@@ -217,19 +218,19 @@ def run(target_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, 
                                  generation_batch_size=generation_batch_size or chosen.generation_batch_size)
     with RunProgress() as progress:
         state = Run(config, out_dir, progress, Launch(nproc=nproc)).execute(resume=resume)
-    report = json.loads((Path(out_dir) / "report.json").read_text())
-    sampling, speed = report["lossless"]["sampling"], report["speedup"]
+    report = ValidationReport.load(Path(out_dir) / "report.json")
+    sampling, speed = report.sampling, report.speedup or Speedup()
     train = state["stages"]["train"]
     click.echo(json.dumps({
         "out": str(out_dir), "minutes": round(sum(s["seconds"] for s in state["stages"].values()) / 60, 1),
         "train_steps": train.get("steps"), "train_budget_minutes": train.get("budget_minutes"),
-        "train_seconds_per_step": train.get("seconds_per_step"), "tau": report["tau"],
-        "greedy_mismatches": report["lossless"]["greedy"]["mismatches"],
-        "sampling_test": sampling.get("status", "passed" if sampling["passed"] else "failed"),
-        "sampling_p_value": round(sampling["p_value"], 4),
-        "speedup": speed["ratio"], "speedup_ci95": speed.get("ratio_ci95"),
-        "recommended_block_size": report["recommended_block_size"],
+        "train_seconds_per_step": train.get("seconds_per_step"), "tau": report.tau,
+        "greedy_mismatches": report.greedy.mismatches,
+        "sampling_test": sampling.status or ("passed" if sampling.passed else "failed"),
+        "sampling_p_value": None if sampling.p_value is None else round(sampling.p_value, 4),
+        "speedup": speed.ratio, "speedup_ci95": speed.ratio_ci95,
+        "recommended_block_size": report.recommended_block_size,
     }, indent=2))
     click.echo(f"report: {Path(out_dir) / 'report.html'}")  # the same figures as charts; opens from disk
-    if "serving_advice" in report:  # last, so it is what a person reads: e.g. do not enable it on this hardware
-        click.echo(report["serving_advice"]["summary"])
+    if report.serving_advice is not None:  # last, so it is what a person reads: e.g. do not enable it here
+        click.echo(report.serving_advice.summary)

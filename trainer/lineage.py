@@ -34,9 +34,16 @@ def git_commit() -> str | None:
     return out.stdout.strip() + ("+modified" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
-def environment() -> dict:
-    from draftsmith import __version__
+def draftsmith_version() -> str | None:
+    """The installed distribution's version (pyproject's `version`), read from its metadata, not by importing the
+    `draftsmith` package (the trainer never imports it: tests/test_layout.py); None when not installed."""
+    try:
+        return importlib.metadata.version("draftsmith")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
+
+def environment() -> dict:
     versions = {}
     for name in PACKAGES:
         try:
@@ -51,5 +58,5 @@ def environment() -> dict:
             device = torch.cuda.get_device_name(0)
     except ImportError:
         pass
-    return {"draftsmith": __version__, "git_commit": git_commit(), "python": sys.version.split()[0],
+    return {"draftsmith": draftsmith_version(), "git_commit": git_commit(), "python": sys.version.split()[0],
             "platform": platform.platform(terse=True), "device": device, "packages": versions}

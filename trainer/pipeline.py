@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from schemas import recipe
 from schemas.sampling import SamplingParams
 from schemas.stages import GENERATE_BACKENDS, LOCAL_STAGES, Stage
+from schemas.validation_report import EngineFigures, ValidationReport, WarmStart
 from trainer.atomic import atomic_write_json
 from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.training.config import TrainConfig
@@ -342,30 +343,29 @@ class JobStages:
         if self.config.train.parent_drafter:  # a warm start: was it worth it, on this very target and prompts?
             from trainer.audit import compare_with_parent
 
-            report["warm_start"] = compare_with_parent(
+            report.warm_start = WarmStart.model_validate(compare_with_parent(
                 self.target, self.config.train.parent_drafter, holdout[:self.config.validation_prompts],
-                self.config.sampling, max_new_tokens=self.config.validation_max_new_tokens, tau=report["tau"])
-        if report["passed"] and self.config.engines != ():  # engine figures only for a drafter that will ship
+                self.config.sampling, max_new_tokens=self.config.validation_max_new_tokens, tau=report.tau))
+        if report.passed and self.config.engines != ():  # engine figures only for a drafter that will ship
             from trainer.validation.engines import engine_step
 
             self.hooks.progress(Stage.VALIDATE, 0.97, "measuring the drafter in the serving engines")
-            report["engines"] = engine_step(self.target, self.layout.drafter, holdout[:self.config.validation_prompts],
-                                            self.config.sampling, work_dir=self.layout.report.parent / "engines",
-                                            engines=self.config.engines,
-                                            num_speculative_tokens=report["recommended_block_size"] - 1,
-                                            should_stop=self.hooks.should_stop)
-        atomic_write_json(self.layout.report, report)
+            report.engines = EngineFigures.model_validate(engine_step(
+                self.target, self.layout.drafter, holdout[:self.config.validation_prompts], self.config.sampling,
+                work_dir=self.layout.report.parent / "engines", engines=self.config.engines,
+                num_speculative_tokens=report.recommended_block_size - 1, should_stop=self.hooks.should_stop))
+        atomic_write_json(self.layout.report, report.to_json())
         self.hooks.on_saved(self.layout.report)
         require_passed(report)  # a drafter that changes the output is never exported
-        summary = {"tau": report["tau"], "speedup": report["speedup"]["ratio"], "device": report["device"]}
-        if "warm_start" in report:
-            summary["parent_tau"] = report["warm_start"]["parent_tau"]
+        summary = {"tau": report.tau, "speedup": report.speedup.ratio, "device": report.device.to_json()}
+        if report.warm_start is not None:
+            summary["parent_tau"] = report.warm_start.parent_tau
         return summary
 
     def export(self) -> dict:
         from trainer.export.artifacts import export_artifacts
 
-        report = json.loads(self.layout.report.read_text()) if self.layout.report.is_file() else None
+        report = ValidationReport.load(self.layout.report) if self.layout.report.is_file() else None
         manifest = export_artifacts(self.layout.drafter, self.target, self.layout.out, report=report,
                                     metrics_file=self.layout.metrics, target_name=self.config.target)
         self.hooks.on_saved(self.layout.out)

@@ -27,6 +27,7 @@ from sqlalchemy import select
 from domain.models import Artifact, Drafter, Job
 from domain.settings import Settings
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
+from schemas.validation_report import ValidationReport
 from trainer.errors import DraftsmithError
 from worker.reporting import JobRecords
 from worker.sources import (PRIVATE_BUCKET_HINT, Caller, Resolved, StorageNotAllowed, _fetch_hub, local_file,
@@ -134,7 +135,8 @@ def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
         key = f"{prefix}/{name}"
         return json.loads(_read(ctx, key)) if ctx.storage.exists(key) else {}
 
-    sources, prepared, report = work("sources.json"), work("prepare.json"), work("report.json")
+    sources, prepared = work("sources.json"), work("prepare.json")
+    report = ValidationReport.read(work("report.json"))
     generated, trained = work("stages/generate.json"), work("stages/train.json")
     manifest_key = session.scalar(select(Artifact.storage_key).where(Artifact.job_id == job.id,
                                                                      Artifact.name == "manifest.json"))
@@ -146,17 +148,18 @@ def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
     drafter_config = json.loads(_read(ctx, config_key))
     dflash = drafter_config.get("dflash_config", {})
     data_keys = ctx.storage.list_keys(f"{prefix}/data")
-    lossless = report.get("lossless", {})
-    serving_block = report.get("recommended_block_size") or drafter_config.get("block_size")
+    serving_block = report.recommended_block_size or drafter_config.get("block_size")
+    categories = report.acceptance_by_category
     metrics = {
-        "tau": report.get("tau"), "tau_per_position": report.get("tau_per_position"),
-        "acceptance_by_category": report.get("acceptance_by_category"), "oracle_tau": report.get("oracle_tau"),
-        "lossless_passed": bool(report.get("passed")),
-        "greedy_mismatches": (lossless.get("greedy") or {}).get("mismatches"),
-        "sampling_p_value": (lossless.get("sampling") or {}).get("p_value"),
-        "recommended_block_size": report.get("recommended_block_size"),
-        "speedup": (report.get("speedup") or {}).get("ratio"),
-        "parent_tau": (report.get("warm_start") or {}).get("parent_tau"),
+        "tau": report.tau, "tau_per_position": report.tau_per_position,
+        "acceptance_by_category": None if categories is None else {k: c.to_json() for k, c in categories.items()},
+        "oracle_tau": report.oracle_tau,
+        "lossless_passed": bool(report.passed),
+        "greedy_mismatches": report.greedy.mismatches,
+        "sampling_p_value": report.sampling.p_value,
+        "recommended_block_size": report.recommended_block_size,
+        "speedup": report.speedup.ratio if report.speedup else None,
+        "parent_tau": report.warm_start.parent_tau if report.warm_start else None,
         "serving": {"sglang": f"--speculative-algorithm DFLASH --speculative-num-draft-tokens {serving_block}",
                     "vllm": {"method": "dflash", "num_speculative_tokens": serving_block - 1},
                     "llama_cpp": f"--spec-type draft-dflash --spec-draft-n-max {serving_block - 1}"},
@@ -184,7 +187,7 @@ def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
               "architecture": (drafter_config.get("architectures") or [None])[0]}
     return records.record_drafter(
         target_revision=(sources.get("target") or {}).get("revision"),
-        target_fingerprint=prepared.get("fingerprint") or report.get("target_fingerprint") or "",
+        target_fingerprint=prepared.get("fingerprint") or report.target_fingerprint or "",
         config=config, metrics=metrics, lineage=lineage,
         manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest())
 

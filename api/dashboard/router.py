@@ -3,9 +3,9 @@
 Files come from two package folders, read with importlib.resources so an installed package serves
 them too (pyproject's package-data lists both):
 - `api/dashboard/static/`: the page, its styles and its JavaScript modules;
-- `draftsmith/static/`: the chart code and the vendored uPlot, shared with the offline report.html
-  that the trainer writes (the trainer may not import `api/`; see draftsmith/static/README.md),
-  served under `/assets/shared/`.
+- `report/static/`: the chart code, the vendored uPlot and report.json's JSON Schema, shared with the
+  offline report.html that the trainer's export writes (`report/` is a leaf both may read; see
+  report/static/README.md), served under `/assets/shared/`.
 
 Nothing here is in the OpenAPI document: these are the dashboard's own files, not the API.
 Every page response carries a strict Content-Security-Policy (scripts and connections to this
@@ -27,11 +27,12 @@ router = APIRouter(include_in_schema=False)
 router.include_router(downloads_router)
 
 DASHBOARD_STATIC = Path(str(resources.files("api.dashboard").joinpath("static")))
-SHARED_STATIC = Path(str(resources.files("draftsmith").joinpath("static")))
+SHARED_STATIC = Path(str(resources.files("report").joinpath("static")))
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
+    ".json": "application/json",
     ".svg": "image/svg+xml",
     ".png": "image/png",
     ".ico": "image/x-icon",

@@ -18,6 +18,7 @@ COPY README.md ./
 COPY api api
 COPY domain domain
 COPY schemas schemas
+COPY report report
 COPY migrations migrations
 COPY draftsmith draftsmith
 RUN pip install --no-deps . && draftsmith --version

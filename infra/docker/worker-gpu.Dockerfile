@@ -25,6 +25,7 @@ COPY README.md ./
 COPY api api
 COPY domain domain
 COPY schemas schemas
+COPY report report
 COPY migrations migrations
 COPY draftsmith draftsmith
 COPY kernels kernels

@@ -14,6 +14,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from domain import runs as runner
 from domain.states import JobStatus, Stage
 from domain.storage import LocalStorage, S3Storage
+from schemas.validation_report import REPORT_VERSION, ValidationReport
+
+FAKE_REPORT = ValidationReport(
+    version=REPORT_VERSION, passed=True, block_size=4, tau=2.5, recommended_block_size=4,
+    lossless={"greedy": {"prompts": 2, "tokens": 32, "mismatches": 0, "first_divergence": None, "block_size": 4},
+              "sampling": {"status": "passed", "p_value": 0.4, "alpha": 0.001, "passed": True, "block_size": 4}},
+)
+"""The validation report the fake validate stage stores: a valid report.json (schemas/validation_report.py)."""
 
 
 class FakeStageRunner:
@@ -37,7 +45,7 @@ class FakeStageRunner:
             if stage is Stage.VALIDATE:
                 runner.record_metrics(session, job_id, train_steps, {"tau": 2.5})
                 self._store(session, job_id, "validation_report.json",
-                            json.dumps({"lossless": True, "tau": 2.5}).encode(), kind="report",
+                            json.dumps(FAKE_REPORT.to_json()).encode(), kind="report",
                             content_type="application/json")
             if stage is Stage.EXPORT:
                 self._store(session, job_id, "drafter/model.safetensors", os.urandom(4096) + job_id.encode(),

@@ -129,7 +129,7 @@ class JobDriver:
         self.finish(job_id, "validate")
 
     def export(self, job_id: str, report: dict, records: list[dict]) -> None:
-        from trainer.export.report_html import write_report_html
+        from trainer.export.artifacts import write_report_html
 
         self.claim(job_id, "export")
         with tempfile.TemporaryDirectory() as tmp:

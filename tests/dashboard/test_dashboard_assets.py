@@ -112,7 +112,7 @@ def test_a_built_wheel_carries_every_dashboard_and_chart_file(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for package in ("api", "draftsmith", "schemas", "trainer", "kernels", "migrations", "worker"):
+    for package in ("api", "domain", "draftsmith", "report", "schemas", "trainer", "kernels", "migrations", "worker"):
         if (ROOT / package).is_dir():
             shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
@@ -120,7 +120,7 @@ def test_a_built_wheel_carries_every_dashboard_and_chart_file(tmp_path):
     names = set(zipfile.ZipFile(next((tmp_path / "dist").glob("*.whl"))).namelist())
     expected = {f"api/dashboard/static/{p.relative_to(DASHBOARD_STATIC).as_posix()}"
                 for p in DASHBOARD_STATIC.rglob("*") if p.is_file()}
-    expected |= {f"draftsmith/static/{p.relative_to(SHARED_STATIC).as_posix()}"
+    expected |= {f"report/static/{p.relative_to(SHARED_STATIC).as_posix()}"
                  for p in SHARED_STATIC.rglob("*") if p.is_file()}
     assert expected - names == set()
 

@@ -14,7 +14,8 @@ import pytest
 from dashboard_browser import OUTPUT_DIR, SAVED, bar_texts, drawn_pixels, legend_text, overlapping
 from dashboard_job_driver import SAMPLE_JOB, inconclusive_report, sample_report
 
-from trainer.export.report_html import MAX_METRIC_RECORDS, read_metric_records, render_report_html, write_report_html
+from report.html import MAX_METRIC_RECORDS, read_metric_records, render_report_html
+from trainer.export.artifacts import write_report_html
 
 LINE_CHARTS = ("loss", "position-accuracy")
 BAR_CHARTS = ("acceptance-by-position", "acceptance-by-category", "speedup-by-block-size")

@@ -10,7 +10,7 @@ import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
-from trainer.export.engine_figures import engine_markdown, headline_rows
+from report.engine_figures import engine_markdown, headline_rows
 from trainer.validation import engine_paths
 from trainer.validation.engine_llama_cpp import LlamaRun, parse_acceptance
 from trainer.validation.engines import compare, first_difference, normalise

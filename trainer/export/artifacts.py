@@ -19,25 +19,30 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
+from report.html import read_metric_records, render_report_html
 from schemas.manifest import build_manifest, sha256_file, verify_manifest  # noqa: F401 - re-exported
+from schemas.validation_report import ValidationReport
 from trainer.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from trainer.drafter.checkpoint import load_drafter
 from trainer.errors import DraftsmithError
 from trainer.export.drafter_d2t import D2T_DIR, REFERENCE_DIR, reference_config, write_d2t_drafter
 from trainer.export.gguf_writer import write_gguf
 from trainer.export.model_card import D2T_GGUF, model_card
-from trainer.export.report_html import write_report_html
 from trainer.targets.loading import Target
 from trainer.validation.report import check_compatible
 
 GGUF_TYPES = ("f16", "q8_0")
 
 
-def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Path, *, report: dict | None = None,
-                     metrics_file: str | Path | None = None, target_name: str | None = None) -> dict:
-    """Write the artifact layout into out_dir; return the manifest."""
+def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Path, *,
+                     report: ValidationReport | Mapping | None = None, metrics_file: str | Path | None = None,
+                     target_name: str | None = None) -> dict:
+    """Write the artifact layout into out_dir; return the manifest. `report`: the validation report (the model, or
+    report.json's object)."""
+    report = None if report is None else ValidationReport.read(report)
     drafter_dir, out_dir = Path(drafter_dir), Path(out_dir)
     if target.path is None or not (target.path / "config.json").is_file():
         raise DraftsmithError(f"the target directory {target.path} is missing; export needs it for the tokenizer "
@@ -48,9 +53,9 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     (out_dir / "manifest.json").unlink(missing_ok=True)  # the directory is unfinished until it is rewritten
 
     write_engine_drafters(drafter_dir, drafter.draft_vocab, target, out_dir,
-                          recommended_block_size=(report or {}).get("recommended_block_size"))
+                          recommended_block_size=report.recommended_block_size if report else None)
     if report is not None:
-        atomic_write_json(out_dir / "report.json", report)
+        atomic_write_json(out_dir / "report.json", report.to_json())
     if metrics_file is not None and Path(metrics_file).is_file():
         _atomic_copy(Path(metrics_file), out_dir / "metrics.jsonl")
     card = model_card(drafter.config, target, report, target_name or str(target.path))
@@ -59,6 +64,15 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     manifest = build_manifest(out_dir)
     atomic_write_json(out_dir / "manifest.json", manifest)
     return manifest
+
+
+def write_report_html(out_dir: str | Path, report: ValidationReport | Mapping | None,
+                      metrics_file: str | Path | None, *, title: str = "Draftsmith drafter report") -> Path:
+    """Write OUT/report.html (report/html.py renders it) atomically and return its path."""
+    path = Path(out_dir) / "report.html"
+    page = render_report_html(report, read_metric_records(metrics_file), title=title)
+    atomic_write_bytes(path, page.encode("utf-8"))
+    return path
 
 
 def write_engine_drafters(drafter_dir: Path, draft_vocab, target: Target, out_dir: Path, *,

@@ -4,60 +4,60 @@ from __future__ import annotations
 
 import json
 
+from report.engine_figures import engine_markdown, headline_engine_rows
+from schemas.validation_report import EngineRow, SamplingTest, Speedup, ValidationReport
 from trainer.drafter.config import DrafterConfig
 from trainer.export.drafter_d2t import D2T_DIR
-from trainer.export.engine_figures import engine_markdown, headline_rows
 from trainer.targets.loading import Target
 
 D2T_GGUF = "gguf/drafter-q8_0-d2t.gguf"
 """The GGUF whose own head covers the draft vocabulary, with llama.cpp's `d2t` (written by artifacts.py)."""
 
 
-def _figures(report: dict | None) -> str:
-    if not report:
+def _figures(report: ValidationReport | None) -> str:
+    if report is None or not report.model_fields_set - {"version"}:
         return "No validation report was supplied to this export.\n"
-    greedy, sampling, speed = report["lossless"]["greedy"], report["lossless"]["sampling"], report["speedup"]
+    greedy, sampling, speed = report.greedy, report.sampling, report.speedup or Speedup()
     lines = [
         "| measure | value |", "|---|---|",
-        f"| mean acceptance length tau (bonus token counted) | {report['tau']} |",
-        f"| oracle tau (gold token anywhere in the top-K) | {report.get('oracle_tau')} |",
-        f"| per-position conditional acceptance | {', '.join(str(a) for a in report['tau_per_position'])} |",
-        f"| lossless, greedy | {greedy['mismatches']} mismatches over {greedy['prompts']} prompts |",
+        f"| mean acceptance length tau (bonus token counted) | {report.tau} |",
+        f"| oracle tau (gold token anywhere in the top-K) | {report.oracle_tau} |",
+        f"| per-position conditional acceptance | {', '.join(str(a) for a in report.tau_per_position or [])} |",
+        f"| lossless, greedy | {greedy.mismatches} mismatches over {greedy.prompts} prompts |",
         f"| lossless, sampling | {_sampling_line(sampling)} |",
-        f"| decoding speed on the validation machine | {speed['ar_tokens_per_s']} -> {speed['spec_tokens_per_s']} "
-        f"tokens/s ({speed['ratio']}x{_interval(speed.get('ratio_ci95'))}, {speed['decoding']}) |",
-        f"| recommended block size | {report['recommended_block_size']} |",
+        f"| decoding speed on the validation machine | {speed.ar_tokens_per_s} -> {speed.spec_tokens_per_s} "
+        f"tokens/s ({speed.ratio}x{_interval(speed.ratio_ci95)}, {speed.decoding}) |",
+        f"| recommended block size | {report.recommended_block_size} |",
     ]
     lines += _device_rows(report)
-    advice = report.get("serving_advice")
+    advice = report.serving_advice
     if advice:
-        lines = [f"**{'Recommendation' if advice['enable'] is not False else 'Not recommended here'}:** "
-                 f"{advice['summary']}.", ""] + lines
-    costs = report.get("step_costs_ms")
+        lines = [f"**{'Recommendation' if advice.enable is not False else 'Not recommended here'}:** "
+                 f"{advice.summary}.", ""] + lines
+    costs = report.step_costs_ms
     if costs:
         lines += ["", "Measured step costs (ms) per block size b, batch 1 on the validation machine: drafting "
                   "b - 1 tokens and verifying b tokens (b = 1: one plain decode step).", "",
                   "| b | draft | verify |", "|---|---|---|"]
-        lines += [f"| {b} | {costs['draft'].get(b, costs['draft'].get(str(b), ''))} | {v} |"
-                  for b, v in costs["verify"].items()]
-    categories = report.get("acceptance_by_category") or {}
+        lines += [f"| {b} | {(costs.draft or {}).get(b, '')} | {v} |" for b, v in (costs.verify or {}).items()]
+    categories = report.acceptance_by_category or {}
     if categories:
         lines += ["", "Acceptance by prompt category:", "", "| category | tau | cycles |", "|---|---|---|"]
-        lines += [f"| {name} | {v['tau']} | {v['cycles']} |" for name, v in categories.items()]
+        lines += [f"| {name} | {v.tau} | {v.cycles} |" for name, v in categories.items()]
     return "\n".join(lines) + "\n"
 
 
-def _device_rows(report: dict) -> list[str]:
+def _device_rows(report: ValidationReport) -> list[str]:
     """Where it was validated (trainer/device.py's plan) and what the greedy check compared (report.py's gate);
     reports written before either was recorded have neither row."""
     rows = []
-    device = report.get("device")
+    device = report.device
     if device:
-        many = f", {device['count']} devices" if device.get("count", 1) > 1 else ""
-        rows.append(f"| validated on | {device['name']} (`{device['device']}`{many}), {device['dtype']} |")
-    gate = report.get("greedy_gate")
+        many = f", {device.count} devices" if (1 if device.count is None else device.count) > 1 else ""
+        rows.append(f"| validated on | {device.name} (`{device.device}`{many}), {device.dtype} |")
+    gate = report.greedy_gate
     if gate:
-        rows.append(f"| greedy check reference ({gate['dtype']}, {gate['prompts']} prompts) | {gate['reference']} |")
+        rows.append(f"| greedy check reference ({gate.dtype}, {gate.prompts} prompts) | {gate.reference} |")
     return rows
 
 
@@ -65,23 +65,25 @@ def _interval(ci) -> str:
     return f", 95 % interval {ci[0]}-{ci[1]}x" if ci else ""
 
 
-def _sampling_line(sampling: dict) -> str:
-    if sampling.get("status") == "inconclusive":
-        return f"not tested: {sampling['reason']}"
-    return f"p = {sampling['p_value']:.3g} ({sampling['draws']} draws; {sampling['test']})"
+def _sampling_line(sampling: SamplingTest) -> str:
+    if sampling.status == "inconclusive":
+        return f"not tested: {sampling.reason}"
+    return f"p = {sampling.p_value:.3g} ({sampling.draws} draws; {sampling.test})"
 
 
-def _best_llama_cpp(report: dict | None) -> dict | None:
+def _best_llama_cpp(report: ValidationReport | None) -> EngineRow | None:
     """The fastest drafter row the engine step measured in llama.cpp (its command is the card's), else None."""
-    rows = [r for r in headline_rows((report or {}).get("engines")) if r.get("engine") == "llama.cpp"
-            and r.get("spec") == "draft-dflash" and r.get("tokens_per_s")]
-    return max(rows, key=lambda r: r["tokens_per_s"], default=None)
+    rows = [r for r in headline_engine_rows(report.engines if report else None) if r.engine == "llama.cpp"
+            and r.spec == "draft-dflash" and r.tokens_per_s]
+    return max(rows, key=lambda r: r.tokens_per_s, default=None)
 
 
-def model_card(config: DrafterConfig, target: Target, report: dict | None, target_name: str) -> str:
+def model_card(config: DrafterConfig, target: Target, report: ValidationReport | None, target_name: str) -> str:
     block = config.block_size
-    recommended = (report or {}).get("recommended_block_size", block)
-    sampling = json.dumps((report or {}).get("sampling_parameters", {}), indent=2)
+    recommended = report.recommended_block_size if report and report.recommended_block_size is not None else block
+    sampling = json.dumps(report.sampling_parameters if report and report.sampling_parameters is not None else {},
+                          indent=2)
+    engines = report.engines if report else None
     variant = {"dflash2": "DFlash 2 (dynamic convolutions + candidate selector)", "dflash": "DFlash"}[config.variant]
     # With a draft vocabulary, llama.cpp drafts over it (its own head + `d2t`); the full-head files stay for the rest.
     llama_gguf = D2T_GGUF if config.draft_vocab_size else "gguf/drafter-q8_0.gguf"
@@ -97,12 +99,12 @@ def model_card(config: DrafterConfig, target: Target, report: dict | None, targe
                  "Train with `drafter.variant: dflash` (`draftsmith run --variant dflash`) for vLLM on a CPU.\n"
                  if config.variant == "dflash2" else
                  "This DFlash (v1) drafter loads in vLLM's CPU build as well (its V1 model runner).\n")
-    measured = next((r for r in headline_rows((report or {}).get("engines")) if r.get("engine") == "vllm"
-                     and r.get("spec") == "dflash" and r.get("command")), None)
-    vllm_command = (measured["command"] if measured else
+    measured = next((r for r in headline_engine_rows(engines) if r.engine == "vllm" and r.spec == "dflash"
+                     and r.command), None)
+    vllm_command = (measured.command if measured else
                     f"LLM(model=TARGET, speculative_config={speculative}).generate(prompt_token_ids, ...)")
     best = _best_llama_cpp(report)
-    llama_command = (best["command"].replace("target-f16.gguf", "target.gguf").replace("target-q4_1.gguf", "target.gguf")
+    llama_command = (best.command.replace("target-f16.gguf", "target.gguf").replace("target-q4_1.gguf", "target.gguf")
                      if best else f"llama-server -m target.gguf -md ./{llama_gguf} --spec-type draft-dflash "
                                   f"--spec-draft-n-max {recommended - 1}")
     return f"""---
@@ -132,7 +134,7 @@ output identical to the target's alone (greedy) and distributed exactly like it 
 {_figures(report)}
 ## Measured in serving engines
 
-{engine_markdown((report or {}).get("engines"))}
+{engine_markdown(engines)}
 ## Serving
 
 Which engine loads which file: SGLang, transformers (the `dflash` package) and Draftsmith load `drafter/`;

@@ -38,12 +38,13 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
 from schemas.sampling import SamplingParams
 from schemas.validation_plan import REFERENCE_BATCH, SAMPLED_TOKENS_PER_DRAW, gated_prompt_count, timed_prompt_count
+from schemas.validation_report import REPORT_VERSION, ValidationReport
 from trainer.device import DevicePlan, plan_of, synchronize
 from trainer.data.prompts import Prompt
 from trainer.drafter.model import Drafter, DrafterCache
@@ -123,10 +124,10 @@ def greedy_outputs(target: Target, rendered: list[list[int]], max_new_tokens: in
 def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: SamplingParams, *,
              max_new_tokens: int = VALIDATION_MAX_NEW_TOKENS, sampling_draws: int = SAMPLING_DRAWS,
              sampling_prompts: int = SAMPLING_PROMPTS,
-             on_progress: Progress | None = None, device_plan: DevicePlan | None = None) -> dict:
-    """The validation report of `drafter` on `prompts` (module docstring: what is measured, and how).
-    `device_plan`: where the target was loaded (trainer/device.py), recorded in the report; None: read off the
-    target."""
+             on_progress: Progress | None = None, device_plan: DevicePlan | None = None) -> ValidationReport:
+    """The validation report of `drafter` on `prompts` (module docstring: what is measured, and how), as
+    report.json's model (schemas/validation_report.py; `.to_json()` is the file's object). `device_plan`: where the
+    target was loaded (trainer/device.py), recorded in the report; None: read off the target."""
     check_compatible(target, drafter)
     block_size = drafter.config.block_size
     greedy = params.model_copy(update={"temperature": 0.0, "max_new_tokens": max_new_tokens})
@@ -165,40 +166,40 @@ def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: Sa
     # inconclusive one is reported as such. A sampling job's proof *is* that test.
     lossless = greedy_check["mismatches"] == 0 and (sampling_passed or (params.greedy and
                                                                         sampling["status"] == "inconclusive"))
-    report = {
-        "passed": lossless,
-        "block_size": block_size,
-        "tau": round(overall.tau, 4),
-        "tau_per_position": [None if a is None else round(a, 4) for a in overall.per_position],
-        "acceptance_by_position": overall.by_position(),
-        "acceptance_by_category": stats.acceptance_by_category(),
-        "oracle_tau": None if overall.oracle_tau is None else round(overall.oracle_tau, 4),
-        "cycles": overall.cycles,
-        "acceptance_measured_by": ("replay of the target's greedy output (trainer/validation/replay.py)"
-                                   if params.greedy else "speculative sampling at the job's parameters"),
-        "prompts": len(prompts),
-        "expected_tau_by_block_size": expected_tau,
-        "recommended_block_size": recommended,
-        "estimated_speedup_by_block_size": {b: round(v, 3) for b, v in speedups.items()},
-        "step_costs_ms": {
+    return ValidationReport(
+        version=REPORT_VERSION,
+        passed=lossless,
+        block_size=block_size,
+        tau=round(overall.tau, 4),
+        tau_per_position=[None if a is None else round(a, 4) for a in overall.per_position],
+        acceptance_by_position=overall.by_position(),
+        acceptance_by_category=stats.acceptance_by_category(),
+        oracle_tau=None if overall.oracle_tau is None else round(overall.oracle_tau, 4),
+        cycles=overall.cycles,
+        acceptance_measured_by=("replay of the target's greedy output (trainer/validation/replay.py)"
+                                if params.greedy else "speculative sampling at the job's parameters"),
+        prompts=len(prompts),
+        expected_tau_by_block_size=expected_tau,
+        recommended_block_size=recommended,
+        estimated_speedup_by_block_size={b: round(v, 3) for b, v in speedups.items()},
+        step_costs_ms={
             "verify": {b: round(v * 1000, 2) for b, v in costs["verify"].items()},
             "draft": {b: round(v * 1000, 2) for b, v in costs["draft"].items()},
             "draft_vocab_size": costs["draft_vocab_size"], "repeats": costs["repeats"],
             "threads": torch.get_num_threads(),
         },
-        "lossless": {
+        lossless={
             "greedy": {**greedy_check, "block_size": recommended},
             "sampling": {**sampling, "alpha": SAMPLING_ALPHA, "passed": sampling_passed, "block_size": recommended},
         },
-        "speedup": speed,
-        "serving_advice": serving_advice(speed, recommended),
-        "sampling_parameters": params.model_dump(mode="json"),
-        "validation_max_new_tokens": max_new_tokens,
-        "target_fingerprint": target.fingerprint,
-        "device": (device_plan or plan_of(target.device, target.dtype)).describe(),
-        "greedy_gate": gate,
-    }
-    return report
+        speedup=speed,
+        serving_advice=serving_advice(speed, recommended),
+        sampling_parameters=params.model_dump(mode="json"),
+        validation_max_new_tokens=max_new_tokens,
+        target_fingerprint=target.fingerprint,
+        device=(device_plan or plan_of(target.device, target.dtype)).describe(),
+        greedy_gate=gate,
+    )
 
 
 def greedy_gate(target: Target, block_size: int, prompts: int, every_prompt: bool) -> dict:
@@ -358,14 +359,17 @@ def measure_step_costs(target: Target, drafter: Drafter, prompt: list[int], repe
     return costs
 
 
-def require_passed(report: dict) -> None:
-    if report["passed"]:
+def require_passed(report: ValidationReport | Mapping) -> None:
+    """Raise unless the report proves the drafter lossless (`report`: the model, or report.json's object)."""
+    report = ValidationReport.read(report)
+    if report.passed:
         return
-    greedy = report["lossless"]["greedy"]
-    if greedy["mismatches"]:
-        raise ValidationFailed(f"speculative output differs from the target's on {greedy['mismatches']} of "
-                               f"{greedy['prompts']} prompts (first at {greedy['first_divergence']})")
-    sampling = report["lossless"]["sampling"]
-    if sampling["status"] == "inconclusive":
-        raise SamplingInconclusive(f"the speculative-sampling test could not test anything: {sampling['reason']}")
-    raise ValidationFailed(f"speculative sampling failed the distribution test (p = {sampling['p_value']:.2e})")
+    greedy, sampling = report.greedy, report.sampling
+    if greedy.mismatches:
+        divergence = greedy.first_divergence.model_dump(mode="json") if greedy.first_divergence else None
+        raise ValidationFailed(f"speculative output differs from the target's on {greedy.mismatches} of "
+                               f"{greedy.prompts} prompts (first at {divergence})")
+    if sampling.status == "inconclusive":
+        raise SamplingInconclusive(f"the speculative-sampling test could not test anything: {sampling.reason}")
+    p_value = "unknown" if sampling.p_value is None else f"{sampling.p_value:.2e}"
+    raise ValidationFailed(f"speculative sampling failed the distribution test (p = {p_value})")

@@ -1,12 +1,13 @@
 // The job page's result panels: training curves (from /metrics), the validation report (τ,
 // acceptance by position and category, oracle headroom, lossless results, speed, recommended block
 // size), artifacts with download buttons, and the serving commands of the model card.
-// The charts are drawn by the shared DraftsmithCharts (draftsmith/static/charts.js), the same code
-// that draws report.html.
+// The charts are drawn by the shared DraftsmithCharts (report/static/charts.js), the same code
+// that draws report.html; what each figure means comes from report.json's JSON Schema.
 
 import { api, ApiError, downloadArtifact } from "./api.js";
 import { copyText, fmtBytes, fmtNum, h, notify, replace } from "./dom.js";
-import { findModelCard, findReportArtifact, headline, loadModelCard, loadReport, samplingStatus, servingCommands } from "./report_data.js";
+import { fieldHelp, findModelCard, findReportArtifact, headline, loadModelCard, loadReport, loadReportSchema,
+         reportVersionNote, samplingStatus, servingCommands } from "./report_data.js";
 
 const Charts = () => window.DraftsmithCharts;
 
@@ -33,8 +34,8 @@ export function trainingPanel(container, jobId, blockSize) {
   };
 }
 
-function card(label, value, sub, key) {
-  return h("div", { class: "card", "data-figure": key },
+function card(label, value, sub, key, help) {
+  return h("div", { class: "card", "data-figure": key, title: help || null },
     h("div", { class: "label", text: label }), h("div", { class: "value", text: value }),
     sub ? h("div", { class: "sub", text: sub }) : null);
 }
@@ -69,9 +70,14 @@ function overallVerdict(passed, sampling) {
   return verdict(passed);
 }
 
-/** The validation report, whatever keys it has: missing ones show as "–". */
-export function renderReport(container, report, artifactName) {
+/**
+ * The validation report, whatever keys it has: missing ones show as "–". `schema`: report.json's JSON Schema
+ * (loadReportSchema), whose field descriptions title the cards; null renders without them.
+ */
+export function renderReport(container, report, artifactName, schema = null) {
   const r = report || {};
+  const help = (...path) => fieldHelp(schema, path);
+  const versionNote = reportVersionNote(r, schema);
   const top = headline(r);
   const greedy = (r.lossless && r.lossless.greedy) || {};
   const sampling = (r.lossless && r.lossless.sampling) || {};
@@ -82,21 +88,23 @@ export function renderReport(container, report, artifactName) {
   const interval = top.speedupInterval ? `, 95 % interval ${fmtNum(top.speedupInterval[0], 2)}–${fmtNum(top.speedupInterval[1], 2)}×` : "";
   const inconclusive = samplingStatus(sampling) === "inconclusive";
   const cards = h("div", { class: "cards" },
-    card("τ (mean acceptance length)", fmtNum(top.tau, 3), `block size ${r.block_size ?? "–"}`, "tau"),
-    card("oracle τ", fmtNum(top.oracleTau, 3), headroom === null ? "" : `headroom +${fmtNum(headroom, 3)} with a perfect choice among the drafter's top-K`, "oracle"),
+    card("τ (mean acceptance length)", fmtNum(top.tau, 3), `block size ${r.block_size ?? "–"}`, "tau", help("tau")),
+    card("oracle τ", fmtNum(top.oracleTau, 3), headroom === null ? "" : `headroom +${fmtNum(headroom, 3)} with a perfect choice among the drafter's top-K`, "oracle", help("oracle_tau")),
     card("measured speedup", top.speedup === null ? "–" : `${fmtNum(top.speedup, 3)}×`,
-         speed.ar_tokens_per_s !== undefined ? `${fmtNum(speed.ar_tokens_per_s, 1)} → ${fmtNum(speed.spec_tokens_per_s, 1)} tokens/s${interval}` : "", "speedup"),
+         speed.ar_tokens_per_s !== undefined ? `${fmtNum(speed.ar_tokens_per_s, 1)} → ${fmtNum(speed.spec_tokens_per_s, 1)} tokens/s${interval}` : "", "speedup",
+         help("speedup", "ratio")),
     // Advised against: the best block size is no recommendation, only the size to try on other hardware.
     card(against ? "best block size, if enabled elsewhere" : "recommended block size", top.recommended === null ? "–" : String(top.recommended),
          [Number.isInteger(top.recommended) ? `draft length ${top.recommended - 1}` : "",
           byBlock[top.recommended] !== undefined ? `estimated ${fmtNum(byBlock[top.recommended], 3)}×` : "",
           against ? "not advised on this machine (see the serving advice at the top)" : ""]
-           .filter(Boolean).join(", "), "recommended"),
+           .filter(Boolean).join(", "), "recommended", help("recommended_block_size")),
     card("greedy mismatches", greedy.mismatches === undefined ? "–" : String(greedy.mismatches),
-         greedy.prompts !== undefined ? `over ${greedy.prompts} prompts` : "", "mismatches"),
+         greedy.prompts !== undefined ? `over ${greedy.prompts} prompts` : "", "mismatches", help("lossless", "greedy", "mismatches")),
     card("sampling test", inconclusive ? "not tested" : sampling.p_value === undefined ? "–" : `p = ${fmtNum(sampling.p_value, 4)}`,
          inconclusive ? sampling.reason || "the test could test nothing"
-           : sampling.draws !== undefined ? `${sampling.draws} draws, α = ${sampling.alpha ?? "–"}` : "", "sampling"));
+           : sampling.draws !== undefined ? `${sampling.draws} draws, α = ${sampling.alpha ?? "–"}` : "", "sampling",
+         help("lossless", "sampling", "status")));
   const charts = h("div", { class: "chart-grid" });
   const lossless = h("table", { class: "facts", id: "lossless-table" },
     h("caption", { text: "Lossless checks" }),
@@ -110,7 +118,8 @@ export function renderReport(container, report, artifactName) {
       h("tr", {}, h("th", { scope: "row", text: "method" }), h("td", { text: sampling.test || "–" })),
       h("tr", {}, h("th", { scope: "row", text: "speed measured with" }), h("td", { text: speed.decoding || "–" }))));
   replace(container, h("h2", { text: "Validation" }),
-    h("p", { class: "muted", text: `From ${artifactName}.` }), cards, charts, lossless);
+    h("p", { class: "muted", text: `From ${artifactName}.` }),
+    versionNote ? h("p", { class: "muted", id: "report-version", text: versionNote }) : null, cards, charts, lossless);
   const run = [{ label: "this drafter", report: r }];
   const position = h("div", { class: "ds-wide" });
   const category = h("div");
@@ -194,10 +203,10 @@ export function resultsPanels({ adviceBox, artifacts, report, serving }, jobId) 
     renderArtifacts(artifacts, jobId, list);
     const reportArtifact = findReportArtifact(list);
     if (reportArtifact && reportArtifact.sha256 !== reportSha) {
-      const loaded = await loadReport(jobId, reportArtifact);
+      const [loaded, schema] = await Promise.all([loadReport(jobId, reportArtifact), loadReportSchema()]);
       advice = headline(loaded).advice;
       replace(adviceBox, adviceBanner(advice));
-      renderReport(report, loaded, reportArtifact.name);
+      renderReport(report, loaded, reportArtifact.name, schema);
       reportSha = reportArtifact.sha256;
     }
     const cardArtifact = findModelCard(list);

@@ -7,6 +7,59 @@ import { api } from "./api.js";
 
 const reportCache = new Map(); // sha256 -> report object
 const summaryCache = new Map(); // job id -> {status, summary}
+let reportSchema = null; // the promise of report.json's JSON Schema, fetched once
+
+/**
+ * report.json's JSON Schema (report/static/validation_report.schema.json, generated from the typed report
+ * schemas/validation_report.py), served with the charts; null when it cannot be read (the report still renders).
+ */
+export function loadReportSchema() {
+  if (!reportSchema) {
+    reportSchema = fetch("/assets/shared/validation_report.schema.json", { headers: { Accept: "application/json" } })
+      .then((response) => (response.ok ? response.json() : null))
+      .catch(() => null);
+  }
+  return reportSchema;
+}
+
+/**
+ * The schema of a report field by its path (["speedup", "ratio"]), through `$ref`s and `anyOf: [X, null]`; its
+ * `description` is the field's own where it has one, else its type's. null for a field the schema lacks.
+ */
+export function reportField(schema, path) {
+  let current = schema;
+  for (const name of path) {
+    const property = current && current.properties ? current.properties[name] : null;
+    if (!property) return null;
+    let resolved = property;
+    for (let depth = 0; depth < 8; depth++) {
+      const options = (resolved.anyOf || []).filter((o) => o.type !== "null");
+      if (resolved.$ref) resolved = ((schema && schema.$defs) || {})[resolved.$ref.split("/").pop()] || {};
+      else if (options.length === 1) resolved = options[0];
+      else break;
+    }
+    current = { ...resolved, description: property.description || resolved.description };
+  }
+  return current;
+}
+
+/** What the schema says a report field means, or "". */
+export function fieldHelp(schema, path) {
+  const field = reportField(schema, path);
+  return (field && field.description) || "";
+}
+
+/**
+ * A sentence for a report newer than this dashboard's schema (its `version` above the schema's
+ * `x-report-version`), else null: such a report still renders, with the figures this dashboard knows.
+ * A report without `version` is version 1 (schemas/validation_report.py).
+ */
+export function reportVersionNote(report, schema) {
+  const known = schema && Number.isInteger(schema["x-report-version"]) ? schema["x-report-version"] : null;
+  const version = report && Number.isInteger(report.version) ? report.version : 1;
+  if (known === null || version <= known) return null;
+  return `This report is version ${version}, newer than this dashboard reads (version ${known}): figures it does not know are not shown.`;
+}
 
 /**
  * The artifact holding the validation report: `report.json` (what `draftsmith export` writes), or

@@ -1,14 +1,13 @@
 """report.html: the validation report and the training curves as one page that opens from disk.
 
-`export_artifacts` writes it beside report.json. Everything it needs is inside the file: the chart
-library (uPlot) and the chart code are inlined from `draftsmith/static/` (one copy, shared with the
-web dashboard; see the README there for why that folder), the data is an inline JSON block, and a
-Content-Security-Policy forbids any network access, so the page renders the same offline, from an
-e-mail attachment or from object storage.
+`trainer/export/artifacts.py` writes it beside report.json. Everything it needs is inside the file: the chart
+library (uPlot) and the chart code are inlined from `report/static/` (one copy, shared with the web dashboard; see
+the README there), the data is an inline JSON block, and a Content-Security-Policy forbids any network access, so
+the page renders the same offline, from an e-mail attachment or from object storage.
 
-The headline figures are written as HTML here, so they read without JavaScript; the script only
-draws the charts. report.json gains keys over time (and older ones lack some): every key is read
-with a default and a missing one shows as "–", never as an error.
+The headline figures are written as HTML here, so they read without JavaScript; the script only draws the charts.
+The report is read through its model (schemas/validation_report.py): report.json gains keys over time (and older
+ones lack some), so every figure is optional and a missing one shows as "–", never as an error.
 """
 
 from __future__ import annotations
@@ -16,22 +15,24 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from trainer.atomic import atomic_write_bytes
-from trainer.export.engine_figures import engine_html
+from report.engine_figures import engine_html
+from schemas.validation_report import SamplingTest, ValidationReport
 
 MAX_METRIC_RECORDS = 1000  # enough points for a smooth curve; a 100k-step run stays a small file
 _METRIC_KEYS = ("step", "loss", "ce", "accuracy_per_position", "train_tau_estimate")
 _CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
 
 
-def _static(name: str) -> str:
-    text = (resources.files("draftsmith") / "static" / name).read_text(encoding="utf-8")
+def static_text(name: str) -> str:
+    """A file of report/static/ (the chart code and uPlot) as text, checked to be inlinable."""
+    text = (resources.files("report") / "static" / name).read_text(encoding="utf-8")
     if "</script" in text.lower() or "</style" in text.lower():  # would end the inline element early
-        raise ValueError(f"draftsmith/static/{name} cannot be inlined: it contains a closing script/style tag")
+        raise ValueError(f"report/static/{name} cannot be inlined: it contains a closing script/style tag")
     return text
 
 
@@ -64,18 +65,6 @@ def read_metric_records(path: str | Path | None, limit: int = MAX_METRIC_RECORDS
     return records
 
 
-def _get(mapping: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(mapping, dict):
-            return None
-        mapping = mapping.get(key)
-    return mapping
-
-
-def _dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
 def _num(value: Any, digits: int = 3, suffix: str = "") -> str:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return "–"
@@ -94,74 +83,62 @@ def _verdict(passed: Any) -> str:
     return "–"
 
 
-def sampling_status(sampling: dict) -> str:
-    """"passed", "failed", "inconclusive" or "" (unknown): `status` where the report has it, else the older
-    reports' `passed` flag."""
-    status = sampling.get("status")
-    if status in ("passed", "failed", "inconclusive"):
-        return status
-    return {True: "passed", False: "failed"}.get(sampling.get("passed"), "")
+def _sampling_card(sampling: SamplingTest) -> tuple[str, str]:
+    if sampling.verdict() == "inconclusive":  # never a pass: it tested nothing
+        return '<span class="warn">not tested</span>', _e(sampling.reason or "the test could test nothing")
+    return f"p = {_num(sampling.p_value, 4)}", f"{_e(sampling.draws)} draws, α = {_e(sampling.alpha)}"
 
 
-def _sampling_card(sampling: dict) -> tuple[str, str]:
-    if sampling_status(sampling) == "inconclusive":  # never a pass: it tested nothing
-        return '<span class="warn">not tested</span>', _e(sampling.get("reason") or "the test could test nothing")
-    return (f"p = {_num(sampling.get('p_value'), 4)}",
-            f"{_e(sampling.get('draws'))} draws, α = {_e(sampling.get('alpha'))}")
-
-
-def _sampling_row(sampling: dict) -> str:
-    status = sampling_status(sampling)
+def _sampling_row(sampling: SamplingTest) -> str:
+    status = sampling.verdict()
     if status == "inconclusive":
-        return f'<span class="warn">not tested</span>: {_e(sampling.get("reason") or "the test could test nothing")}'
+        return f'<span class="warn">not tested</span>: {_e(sampling.reason or "the test could test nothing")}'
     verdict = _verdict({"passed": True, "failed": False}.get(status))
-    return (f"{verdict}: p = {_num(sampling.get('p_value'), 4)} (α {_e(sampling.get('alpha'))}, "
-            f"{_e(sampling.get('draws'))} draws, {_e(sampling.get('cells'))} cells, T = {_e(sampling.get('temperature'))})")
+    return (f"{verdict}: p = {_num(sampling.p_value, 4)} (α {_e(sampling.alpha)}, "
+            f"{_e(sampling.draws)} draws, {_e(sampling.cells)} cells, T = {_e(sampling.temperature)})")
 
 
-def _overall_verdict(report: dict, sampling: dict) -> str:
-    if report.get("passed") is True and sampling_status(sampling) == "inconclusive":
+def _overall_verdict(report: ValidationReport) -> str:
+    if report.passed is True and report.sampling.verdict() == "inconclusive":
         return '<span class="warn">passed on the greedy exact match only</span> (the sampling test tested nothing)'
-    return _verdict(report.get("passed"))
+    return _verdict(report.passed)
 
 
-def _advice(report: dict) -> str:
+def _advice(report: ValidationReport) -> str:
     """Validation's verdict on serving (serving_advice), as a banner above everything else."""
-    advice = _dict(report.get("serving_advice"))
-    summary = str(advice.get("summary") or "").strip()
+    advice = report.serving_advice
+    summary = str((advice.summary if advice else None) or "").strip()
     if not summary:
         return ""
-    kind = {True: "ok", False: "bad"}.get(advice.get("enable"), "warn")
+    kind = {True: "ok", False: "bad"}.get(advice.enable, "warn")
     text = summary[0].upper() + summary[1:] + ("" if summary.endswith(".") else ".")
-    return (f'<div class="advice advice-{kind}" id="serving-advice" data-enable="{_e(json.dumps(advice.get("enable")))}">'
+    return (f'<div class="advice advice-{kind}" id="serving-advice" data-enable="{_e(json.dumps(advice.enable))}">'
             f"<strong>Serving advice from validation:</strong> {_e(text)}</div>")
 
 
-def _summary(report: dict) -> str:
-    speed = _dict(_get(report, "speedup"))
-    greedy = _dict(_get(report, "lossless", "greedy"))
-    sampling = _dict(_get(report, "lossless", "sampling"))
-    # Keys are strings once report.json has been through JSON, ints straight from validate().
-    speedups = {str(k): v for k, v in _dict(_get(report, "estimated_speedup_by_block_size")).items()}
-    recommended = report.get("recommended_block_size")
-    recommended_speedup = speedups.get(str(recommended))
-    tau, oracle = report.get("tau"), report.get("oracle_tau")
-    low, high = (list(speed.get("ratio_ci95") or []) + [None, None])[:2]
+def _summary(report: ValidationReport) -> str:
+    speed = report.speedup
+    greedy, sampling = report.greedy, report.sampling
+    recommended = report.recommended_block_size
+    recommended_speedup = (report.estimated_speedup_by_block_size or {}).get(recommended)
+    tau, oracle = report.tau, report.oracle_tau
+    low, high = (list((speed.ratio_ci95 if speed else None) or []) + [None, None])[:2]
     interval = f", 95 % interval {_num(low, 2)}–{_num(high, 2)}×" if _num(low) != "–" and _num(high) != "–" else ""
-    advised_against = _dict(report.get("serving_advice")).get("enable") is False
+    advised_against = report.serving_advice is not None and report.serving_advice.enable is False
     sampling_value, sampling_sub = _sampling_card(sampling)
     headroom = (f"headroom +{_num(oracle - tau)} with a perfect choice among the drafter's top-K"
                 if _num(tau) != "–" and _num(oracle) != "–" else "gold token anywhere in the drafter's top-K")
     cards = [
-        ("τ (mean acceptance length)", _num(report.get("tau")), f"block size {_e(report.get('block_size'))}"),
-        ("oracle τ", _num(report.get("oracle_tau")), headroom),
-        ("measured speedup", _num(speed.get("ratio"), 3, "×"),
-         f"{_num(speed.get('ar_tokens_per_s'), 1)} → {_num(speed.get('spec_tokens_per_s'), 1)} tokens/s{interval}"),
+        ("τ (mean acceptance length)", _num(tau), f"block size {_e(report.block_size)}"),
+        ("oracle τ", _num(oracle), headroom),
+        ("measured speedup", _num(speed.ratio if speed else None, 3, "×"),
+         f"{_num(speed.ar_tokens_per_s if speed else None, 1)} → "
+         f"{_num(speed.spec_tokens_per_s if speed else None, 1)} tokens/s{interval}"),
         # Advised against: the best block size is no recommendation, only the size to try elsewhere.
         ("best block size, if enabled elsewhere" if advised_against else "recommended block size", _e(recommended),
          f"draft length {_e(recommended - 1) if isinstance(recommended, int) else '–'}, "
          f"estimated {_num(recommended_speedup, 3, '×')}" + ("; not advised on this machine (above)" if advised_against else "")),
-        ("greedy mismatches", _e(greedy.get("mismatches")), f"over {_e(greedy.get('prompts'))} prompts"),
+        ("greedy mismatches", _e(greedy.mismatches), f"over {_e(greedy.prompts)} prompts"),
         ("sampling test", sampling_value, sampling_sub),
     ]
     return "\n".join(
@@ -171,17 +148,16 @@ def _summary(report: dict) -> str:
     )
 
 
-def _lossless(report: dict) -> str:
-    greedy = _dict(_get(report, "lossless", "greedy"))
-    sampling = _dict(_get(report, "lossless", "sampling"))
-    divergence = greedy.get("first_divergence")
+def _lossless(report: ValidationReport) -> str:
+    greedy, sampling = report.greedy, report.sampling
+    divergence = greedy.first_divergence.to_json() if greedy.first_divergence is not None else None
     rows = [
-        ("verdict", _overall_verdict(report, sampling)),
-        ("greedy exact match", f"{_e(greedy.get('mismatches'))} mismatches over {_e(greedy.get('prompts'))} prompts"),
+        ("verdict", _overall_verdict(report)),
+        ("greedy exact match", f"{_e(greedy.mismatches)} mismatches over {_e(greedy.prompts)} prompts"),
         ("first divergence", _e(json.dumps(divergence)) if divergence else "none"),
         ("sampling test", _sampling_row(sampling)),
-        ("method", _e(sampling.get("test"))),
-        ("speed measured with", _e(_get(report, "speedup", "decoding"))),
+        ("method", _e(sampling.test)),
+        ("speed measured with", _e(report.speedup.decoding if report.speedup else None)),
     ]
     return "\n".join(f"<tr><th scope=\"row\">{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
 
@@ -222,13 +198,18 @@ BOOT = """
 """
 
 
-def render_report_html(report: dict | None, metrics: list[dict], *, title: str = "Draftsmith drafter report") -> str:
-    """The whole page as a string; `report` is report.json (or None), `metrics` its training records."""
-    report = _finite(report) if isinstance(report, dict) else {}
+def render_report_html(report: ValidationReport | Mapping | None, metrics: list[dict], *,
+                       title: str = "Draftsmith drafter report") -> str:
+    """The whole page as a string; `report` is the model or report.json's object (or None), `metrics` its
+    training records. The inline data holds the report as report.json does (the charts read it)."""
+    if isinstance(report, ValidationReport):
+        report = report.to_json()
+    raw = _finite(dict(report)) if isinstance(report, Mapping) else {}
+    typed = ValidationReport.read(raw)
     # "<" escaped so no value can close the <script> element the data sits in.
-    data = json.dumps({"report": report, "metrics": _finite(metrics)}, allow_nan=False, default=str).replace("<", "\\u003c")
-    sampling = json.dumps(report.get("sampling_parameters", {}), indent=2)
-    summary = _summary(report) if report else "<p>This export has no validation report.</p>"
+    data = json.dumps({"report": raw, "metrics": _finite(metrics)}, allow_nan=False, default=str).replace("<", "\\u003c")
+    sampling = json.dumps(typed.sampling_parameters if typed.sampling_parameters is not None else {}, indent=2)
+    summary = _summary(typed) if raw else "<p>This export has no validation report.</p>"
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -236,44 +217,35 @@ def render_report_html(report: dict | None, metrics: list[dict], *, title: str =
 <meta http-equiv="Content-Security-Policy" content="{_CSP}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{_e(title)}</title>
-<style>{_static("vendor/uPlot.min.css")}</style>
-<style>{_static("charts.css")}{STYLE}</style>
+<style>{static_text("vendor/uPlot.min.css")}</style>
+<style>{static_text("charts.css")}{STYLE}</style>
 </head>
 <body>
 <header><h1>{_e(title)}</h1><p>Validation on held-out prompts and the training curves of this drafter.
 Written by <code>draftsmith export</code>; opens offline.</p></header>
 <main>
-{_advice(report)}
+{_advice(typed)}
 <h2>Summary</h2>
 <div class="cards">{summary}</div>
 <h2>Acceptance</h2>
 <div id="acceptance-position"></div>
 <div class="grid"><div id="acceptance-category"></div></div>
 <h2>Lossless</h2>
-<table class="facts"><tbody>{_lossless(report)}</tbody></table>
+<table class="facts"><tbody>{_lossless(typed)}</tbody></table>
 <h2>Speed</h2>
 <div class="grid"><div id="speedup-block"></div></div>
 <h2>Serving engines</h2>
-{engine_html(report.get("engines"))}
+{engine_html(typed.engines)}
 <h2>Training</h2>
 <div class="grid"><div id="training-loss"></div><div id="training-positions"></div></div>
 <h2>Sampling parameters</h2>
 <pre>{_e(sampling)}</pre>
 </main>
-<script>{_static("vendor/uPlot.iife.min.js")}</script>
-<script>{_static("charts.js")}</script>
-<script>{_static("bar_charts.js")}</script>
+<script>{static_text("vendor/uPlot.iife.min.js")}</script>
+<script>{static_text("charts.js")}</script>
+<script>{static_text("bar_charts.js")}</script>
 <script type="application/json" id="ds-report-data">{data}</script>
 <script>{BOOT}</script>
 </body>
 </html>
 """
-
-
-def write_report_html(out_dir: str | Path, report: dict | None, metrics_file: str | Path | None, *,
-                      title: str = "Draftsmith drafter report") -> Path:
-    """Write OUT/report.html atomically and return its path."""
-    path = Path(out_dir) / "report.html"
-    page = render_report_html(report, read_metric_records(metrics_file), title=title)
-    atomic_write_bytes(path, page.encode("utf-8"))
-    return path

@@ -1,0 +1,303 @@
+"""report.json, typed: what validation measured (trainer/validation/report.py writes it through `ValidationReport`),
+read by the export (model card, report.html), the audit, the CLI, the worker and the dashboard.
+
+Versions. `version` is REPORT_VERSION in every report written since this model exists. A report without it was
+written before (stored reports, the sample job): it is read as version 1, since version 1 *is* the shape validation
+wrote then; fields added over the years are optional, so an older report simply lacks some. A change that renames or
+reshapes a field bumps REPORT_VERSION and says here how the older shape is read.
+
+Reading is lenient, as report.json's readers always were: every field has a default (None: the figure is missing and
+shows as "–"), keys this model does not know are kept (`extra="allow"`: a newer writer's additions survive a round
+trip), and `ValidationReport.read` drops a top-level field whose value does not fit its type rather than fail (an odd
+or hand-edited report still renders). Writing is exact: `to_json()` gives back the keys that were set, in
+validate()'s order, so report.json keeps the JSON it had before the model (plus `version`).
+
+The JSON Schema of this model (`report_json_schema`) is committed as report/static/validation_report.schema.json,
+which the dashboard reads (tests/test_validation_report.py keeps the two equal). Pure pydantic: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+REPORT_VERSION = 1
+"""The shape validation writes now; a report without `version` is version 1 (module docstring)."""
+
+
+class _Part(BaseModel):
+    """A section of report.json: unknown keys kept, every field optional."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def to_json(self) -> dict[str, Any]:
+        """The section as report.json holds it: the fields that were set (an older report stays as it was), JSON
+        types (block sizes as string keys)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class AcceptanceAtPosition(_Part):
+    """Counts behind the acceptance at one draft position (trainer/validation/acceptance.py `by_position`)."""
+
+    position: int | None = None
+    reached: int | None = None
+    accepted: int | None = None
+    offered: int | None = None
+    conditional: float | None = Field(default=None, description="Accepted of the cycles that reached this position.")
+    unconditional: float | None = Field(default=None, description="P(drafts 1..k all accepted).")
+
+
+class CategoryAcceptance(_Part):
+    tau: float | None = None
+    cycles: int | None = None
+
+
+class StepCosts(_Part):
+    """Median milliseconds to verify b tokens (b = 1: a plain decode step) and to draft a block of b."""
+
+    verify: dict[int, float] | None = None
+    draft: dict[int, float] | None = None
+    draft_vocab_size: int | None = None
+    repeats: int | None = None
+    threads: int | None = None
+
+
+class FirstDivergence(_Part):
+    prompt_id: str | None = None
+    position: int | None = None
+    expected: list[int] | None = None
+    got: list[int] | None = None
+
+
+class GreedyCheck(_Part):
+    """The greedy exact-match check: speculative output against the target's, token for token."""
+
+    prompts: int | None = None
+    tokens: int | None = None
+    mismatches: int | None = Field(default=None, description="Prompts whose speculative output differed.")
+    first_divergence: FirstDivergence | None = None
+    block_size: int | None = None
+
+
+class SamplingTest(_Part):
+    """The speculative-sampling distribution test (trainer/validation/sampling_test.py)."""
+
+    status: str | None = Field(default=None, description="passed | failed | inconclusive (it tested nothing).")
+    reason: str | None = Field(default=None, description="Why an inconclusive test could test nothing.")
+    test: str | None = None
+    p_value: float | None = None
+    chi_square_p: float | None = None
+    pit_ks_p: float | None = None
+    statistic: float | None = None
+    degrees_of_freedom: int | None = None
+    pit_tokens: int | None = None
+    draws: int | None = None
+    prompts: int | None = None
+    groups: int | None = None
+    groups_by_position: dict[int, int] | None = None
+    cells: int | None = None
+    tested_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    alpha: float | None = None
+    passed: bool | None = None
+    block_size: int | None = None
+
+    def verdict(self) -> str:
+        """"passed", "failed", "inconclusive" or "" (unknown): `status` where the report has it, else the older
+        reports' `passed` flag."""
+        if self.status in ("passed", "failed", "inconclusive"):
+            return self.status
+        return {True: "passed", False: "failed"}.get(self.passed, "")
+
+
+class Lossless(_Part):
+    greedy: GreedyCheck | None = None
+    sampling: SamplingTest | None = None
+
+
+class Speedup(_Part):
+    """The measured speedup: the timed prompts decoded at batch 1 by the target alone, then speculatively."""
+
+    decoding: str | None = None
+    block_size: int | None = None
+    prompts: int | None = None
+    tau: float | None = None
+    ar_tokens_per_s: float | None = None
+    spec_tokens_per_s: float | None = None
+    ratio: float | None = Field(default=None, description="Target alone's time over the speculative time.")
+    ratio_ci95: list[float] | None = Field(default=None, description="95 % bootstrap interval of the ratio.")
+    load_average: list[float] | None = None
+
+
+class ServingAdvice(_Part):
+    enable: bool | None = Field(default=None, description="True: enable; False: it slows serving; None: unclear.")
+    summary: str | None = None
+
+
+class DeviceDescription(_Part):
+    """Where validation ran (trainer/device.py `DevicePlan.describe`)."""
+
+    setting: str | None = None
+    device: str | None = None
+    type: str | None = None
+    name: str | None = None
+    count: int | None = None
+    dtype: str | None = None
+
+
+class GreedyGate(_Part):
+    """What the greedy exact-match check compares (trainer/validation/report.py `greedy_gate`)."""
+
+    dtype: str | None = None
+    device: str | None = None
+    prompts: int | None = None
+    every_prompt: bool | None = None
+    block_size: int | None = None
+    verify_width: int | None = None
+    reference: str | None = None
+
+
+class WarmStart(_Part):
+    """A warm start's parent measured on the same target and prompts (trainer/audit.py `compare_with_parent`)."""
+
+    parent_tau: float | None = None
+    parent_tau_per_position: list[float | None] | None = None
+    parent_acceptance_by_category: dict[str, CategoryAcceptance] | None = None
+    tau: float | None = None
+    gain_over_parent: float | None = None
+    prompts: int | None = None
+
+
+class EqualCount(_Part):
+    equal: int | None = None
+    of: int | None = None
+
+
+class EngineRow(_Part):
+    """One serving-engine run (trainer/validation/engines.py `_row`); `refused` or `error` when it did not run."""
+
+    name: str | None = None
+    target: str | None = None
+    drafter: str | None = None
+    spec: str | None = None
+    n_max: int | None = None
+    p_min: int | float | None = None
+    tau: int | float | None = None
+    tokens_per_target_step: int | float | None = None
+    tokens_per_s: int | float | None = None
+    command: str | None = None
+    engine: str | None = None
+    refused: str | None = None
+    error: str | None = None
+    ratio: int | float | None = None
+    greedy_equals_engine_target: EqualCount | None = None
+    greedy_equals_reference_target: EqualCount | None = None
+    why_not_reference: str | None = None
+
+    @property
+    def did_not_run(self) -> bool:
+        """The engine refused the setting or failed (the row carries `refused` or `error`)."""
+        return bool({"refused", "error"} & self.model_fields_set)
+
+
+class EngineFigures(_Part):
+    """The `engines` section (trainer/validation/engines.py `run_engines`)."""
+
+    prompts: int | None = None
+    max_new_tokens: int | None = None
+    threads: int | None = None
+    decoding: str | None = None
+    skipped: list[str] = Field(default_factory=list)
+    rows: list[EngineRow] = Field(default_factory=list)
+    vllm: dict[str, Any] | None = None
+    seconds: float | None = None
+    load_average: list[float] | None = None
+    prompt_ids: list[str] | None = None
+
+
+class ValidationReport(_Part):
+    """report.json: the validation report of one drafter (trainer/validation/report.py's docstring: what is
+    measured, and how)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"x-report-version": REPORT_VERSION})
+
+    version: int = Field(default=1, description=f"The report's shape; absent: 1. Written now: {REPORT_VERSION}.")
+    passed: bool | None = Field(default=None, description="Lossless: the drafter may be published.")
+    block_size: int | None = Field(default=None, description="The trained block size.")
+    tau: float | None = Field(default=None, description="Mean acceptance length at the trained block size.")
+    tau_per_position: list[float | None] | None = None
+    acceptance_by_position: list[AcceptanceAtPosition] | None = None
+    acceptance_by_category: dict[str, CategoryAcceptance] | None = None
+    oracle_tau: float | None = Field(default=None, description="tau with the gold token anywhere in the top-K.")
+    cycles: int | None = None
+    acceptance_measured_by: str | None = None
+    prompts: int | None = None
+    expected_tau_by_block_size: dict[int, float] | None = None
+    recommended_block_size: int | None = Field(
+        default=None, description="The block size of the best estimated speedup on the validation machine.")
+    estimated_speedup_by_block_size: dict[int, float] | None = None
+    step_costs_ms: StepCosts | None = None
+    lossless: Lossless | None = None
+    speedup: Speedup | None = None
+    serving_advice: ServingAdvice | None = None
+    sampling_parameters: dict[str, Any] | None = Field(default=None, description="The job's SamplingParams.")
+    validation_max_new_tokens: int | None = None
+    target_fingerprint: str | None = None
+    device: DeviceDescription | None = None
+    greedy_gate: GreedyGate | None = None
+    warm_start: WarmStart | None = None
+    engines: EngineFigures | None = None
+
+    @classmethod
+    def read(cls, data: Mapping[str, Any] | ValidationReport | None) -> ValidationReport:
+        """A report from report.json's object (or None: an empty report), dropping any top-level field whose
+        value does not fit (module docstring: reading is lenient)."""
+        if isinstance(data, ValidationReport):
+            return data
+        fields = dict(data) if isinstance(data, Mapping) else {}
+        while True:
+            try:
+                return cls.model_validate(fields)
+            except ValidationError as error:
+                bad = {e["loc"][0] for e in error.errors() if e["loc"] and e["loc"][0] in fields}
+                if not bad:
+                    raise
+                for name in bad:
+                    del fields[name]
+
+    @classmethod
+    def load(cls, path) -> ValidationReport:
+        """A report.json file, read leniently."""
+        from pathlib import Path
+
+        return cls.read(json.loads(Path(path).read_text()))
+
+    @property
+    def greedy(self) -> GreedyCheck:
+        return (self.lossless.greedy if self.lossless else None) or GreedyCheck()
+
+    @property
+    def sampling(self) -> SamplingTest:
+        return (self.lossless.sampling if self.lossless else None) or SamplingTest()
+
+
+def report_json_schema() -> dict[str, Any]:
+    """The JSON Schema of report.json, as report/static/validation_report.schema.json holds it."""
+    return ValidationReport.model_json_schema(mode="serialization")
+
+
+def report_json_schema_text() -> str:
+    return json.dumps(report_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":  # python -m schemas.validation_report: rewrite the committed schema after a change
+    from pathlib import Path
+
+    target = Path(__file__).resolve().parents[1] / "report" / "static" / "validation_report.schema.json"
+    target.write_text(report_json_schema_text())
+    print(f"wrote {target}")
