@@ -18,7 +18,7 @@ from trainer.pipeline import Launch, Layout
 from worker.context import WorkerContext
 from worker.drafters import resolve_drafter
 from worker.reporting import JobRecords
-from worker.sources import Caller, resolve_prompts, resolve_target
+from worker.sources import Caller, ShouldStop, resolve_prompts, resolve_target
 from worker.sync import WorkSync
 
 
@@ -46,13 +46,15 @@ class JobFiles:
 
 
 def job_run_config(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, reporter: JobRecords | None, *,
-                   pin: bool):
-    """The job's RunConfig on this worker: its spec with the target, prompts and parent drafter fetched here."""
-    return run_config_from_spec(spec, **local_sources(ctx, job, spec, files, reporter, pin=pin))
+                   pin: bool, should_stop: ShouldStop | None = None):
+    """The job's RunConfig on this worker: its spec with the target, prompts and parent drafter fetched here (a
+    fetch stops mid-download when `should_stop` says so)."""
+    return run_config_from_spec(spec, **local_sources(ctx, job, spec, files, reporter, pin=pin,
+                                                      should_stop=should_stop))
 
 
 def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, reporter: JobRecords | None, *,
-                  pin: bool) -> dict[str, str | None]:
+                  pin: bool, should_stop: ShouldStop | None = None) -> dict[str, str | None]:
     """The target, the prompts (and a warm start's parent drafter) as local paths. `prepare` resolves the URIs and
     records the exact revisions in sources.json (and reports them through `reporter`); later stages, and a generate
     stage's helpers, fetch those revisions, whichever machine they run on."""
@@ -65,14 +67,14 @@ def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, 
     cache = ctx.cache
     caller = Caller(job.org_id, ctx.session_factory)  # every fetch is judged for this organisation
     target = resolve_target(target_uri, ctx.settings, cache, caller=caller, allow_pickle=spec.target.allow_pickle,
-                            trust_remote_code=spec.target.trust_remote_code)
+                            trust_remote_code=spec.target.trust_remote_code, should_stop=should_stop)
     uploaded_key = None
     if source.startswith("file-"):
         with ctx.session_factory() as session:
             uploaded_key = session.scalar(select(PromptFile.storage_key).where(
                 PromptFile.id == source, PromptFile.org_id == job.org_id))
     prompts = resolve_prompts(source, ctx.settings, cache, caller=caller, count=spec.data.count,
-                              uploaded_key=uploaded_key, storage=ctx.storage)
+                              uploaded_key=uploaded_key, storage=ctx.storage, should_stop=should_stop)
     parent = None
     if spec.init is not None:  # a warm start: the parent drafter, pinned like the target
         reference = spec.init.from_drafter if pin or not sources_file.is_file() else \

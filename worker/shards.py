@@ -222,7 +222,7 @@ def help_generate(ctx: WorkerContext, job_id: str) -> str:
     spec = load_stored_spec(job.spec)
     with StageUsage(ctx, job, Stage.GENERATE) as usage, ShardClaims(ctx, job_id, files.sync) as shards:
         try:
-            config = job_run_config(ctx, job, spec, files, None, pin=False)
+            config = job_run_config(ctx, job, spec, files, None, pin=False, should_stop=shards.should_stop)
             hooks = StageHooks(should_stop=shards.should_stop, on_saved=files.sync.push, shards=shards)
             run_stage(Stage.GENERATE, config, files.layout, hooks, launch_for(ctx.settings))
         except StageInterrupted as stopped:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -45,7 +46,7 @@ from domain.storage_scope import (
 )
 from schemas.bounds import resolved_path_within_roots
 from schemas.prompts import MAX_PROMPTS_PER_JOB
-from trainer.errors import DraftsmithError, TargetError
+from trainer.errors import DraftsmithError, StageInterrupted, TargetError
 
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
                     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
@@ -167,8 +168,23 @@ class Resolved:
     """The exact version fetched (Hub commit sha, or a digest of the S3 objects' ETags)."""
 
 
+ShouldStop = Callable[[], bool]
+"""The stage's cancellation poll (StageReporter.should_stop): a download asks it as its bytes arrive."""
+
+
+def stop_check(should_stop: ShouldStop | None, what: str) -> Callable[..., None]:
+    """A callback for a download's progress (boto3's `Callback`, a tqdm `update`) that stops it mid-file once the
+    stage is asked to stop, so a cancel is honoured within seconds of the next chunk, not after a 100 GB target.
+    What was fetched stays in the cache: S3 files are re-fetched whole, the Hub resumes its partial files."""
+    def check(*_args) -> None:
+        if should_stop is not None and should_stop():
+            raise StageInterrupted(f"{what}: the download stopped on request (the job was cancelled or handed "
+                                   "over); the files fetched so far stay in this worker's cache")
+    return check
+
+
 def resolve_target(uri: str, settings: Settings, cache: Path, *, caller: Caller, allow_pickle: bool = False,
-                   trust_remote_code: bool = False) -> Resolved:
+                   trust_remote_code: bool = False, should_stop: ShouldStop | None = None) -> Resolved:
     patterns = CHECKPOINT_FILES + (PICKLE_FILES if allow_pickle else ()) + (CODE_FILES if trust_remote_code else ())
     if uri.startswith("bundled:"):
         return Resolved(uri.removeprefix("bundled:"))
@@ -179,14 +195,15 @@ def resolve_target(uri: str, settings: Settings, cache: Path, *, caller: Caller,
                                  f"the allowed roots ({', '.join(settings.allowed_file_roots) or 'none'})")
         return Resolved(path)
     if uri.startswith("s3://"):
-        return _fetch_s3_prefix(uri, settings, cache / "targets", patterns, caller)
+        return _fetch_s3_prefix(uri, settings, cache / "targets", patterns, caller, stop_check(should_stop, "target"))
     if uri.startswith("hf://"):
-        return _fetch_hub(uri, settings, cache / "targets", patterns, repo_type="model", caller=caller)
+        return _fetch_hub(uri, settings, cache / "targets", patterns, repo_type="model", caller=caller,
+                          check=stop_check(should_stop, "target"))
     raise TargetNotFound(f"target {uri!r}: unsupported scheme")
 
 
 def resolve_prompts(source: str, settings: Settings, cache: Path, *, caller: Caller, count: int | None = None,
-                    uploaded_key: str | None = None, storage=None) -> Resolved:
+                    uploaded_key: str | None = None, storage=None, should_stop: ShouldStop | None = None) -> Resolved:
     """`uploaded_key`: the storage key of an uploaded `file-...` (the caller looked it up in the org's files).
     `count`: the job's data.count; without one a fetched source may hold at most MAX_PROMPTS_PER_JOB prompts."""
     if source == "builtin":
@@ -202,10 +219,10 @@ def resolve_prompts(source: str, settings: Settings, cache: Path, *, caller: Cal
             raise SourceUnavailable(f"prompts file {source}: no such file on the worker")
         resolved = Resolved(path)
     elif source.startswith("s3://"):
-        resolved = _fetch_s3_object(source, settings, cache / "prompts", caller)
+        resolved = _fetch_s3_object(source, settings, cache / "prompts", caller, stop_check(should_stop, "prompts"))
     elif source.startswith("hf://"):
         fetched = _fetch_hub(source, settings, cache / "prompts", ("*.jsonl",), repo_type="dataset",
-                             caller=caller)
+                             caller=caller, check=stop_check(should_stop, "prompts"))
         files = sorted(Path(fetched.path).rglob("*.jsonl"))
         chosen = next((f for f in files if f.name == "prompts.jsonl"), files[0] if len(files) == 1 else None)
         if chosen is None:
@@ -251,7 +268,7 @@ def local_file(uri: str, settings: Settings, what: str, caller: Caller) -> str:
 
 
 def _fetch_s3_prefix(uri: str, settings: Settings, cache: Path, patterns: tuple[str, ...],
-                     caller: Caller) -> Resolved:
+                     caller: Caller, check: Callable[..., None] = stop_check(None, "target")) -> Resolved:
     from botocore.exceptions import BotoCoreError, ClientError
 
     client, bucket, prefix, _ = open_s3(uri, settings, caller, what="target")
@@ -276,11 +293,13 @@ def _fetch_s3_prefix(uri: str, settings: Settings, cache: Path, patterns: tuple[
         file = local / item["Key"].rsplit("/", 1)[-1]
         if not (file.is_file() and file.stat().st_size == item["Size"]):
             file.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, item["Key"], str(file))
+            check()
+            client.download_file(bucket, item["Key"], str(file), Callback=check)
     return Resolved(str(local), revision)
 
 
-def _fetch_s3_object(uri: str, settings: Settings, cache: Path, caller: Caller) -> Resolved:
+def _fetch_s3_object(uri: str, settings: Settings, cache: Path, caller: Caller,
+                     check: Callable[..., None] = stop_check(None, "prompts")) -> Resolved:
     from botocore.exceptions import BotoCoreError, ClientError
 
     client, bucket, key, _ = open_s3(uri, settings, caller, what="prompts")
@@ -289,7 +308,7 @@ def _fetch_s3_object(uri: str, settings: Settings, cache: Path, caller: Caller) 
         head = client.head_object(Bucket=bucket, Key=key)
         if not (local.is_file() and local.stat().st_size == head["ContentLength"]):
             local.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, key, str(local))
+            client.download_file(bucket, key, str(local), Callback=check)
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "error")
         raise SourceUnavailable(f"prompts {uri}: S3 answered {code}; {PRIVATE_BUCKET_HINT}") from None
@@ -299,7 +318,7 @@ def _fetch_s3_object(uri: str, settings: Settings, cache: Path, caller: Caller) 
 
 
 def _fetch_hub(uri: str, settings: Settings, cache: Path, patterns: tuple[str, ...], *, repo_type: str,
-               caller: Caller, what: str | None = None) -> Resolved:
+               caller: Caller, what: str | None = None, check: Callable[..., None] | None = None) -> Resolved:
     """Pin the revision to a commit first, then download only the allowed files of that commit, both with the token
     the rule chooses for this organisation (`hub_token`). The pinning request always goes out with that token, so
     a commit another organisation's token fetched into this cache is never handed to one that cannot read it."""
@@ -314,7 +333,8 @@ def _fetch_hub(uri: str, settings: Settings, cache: Path, patterns: tuple[str, .
                                                                            repo_type=repo_type)
         local = cache / "hub" / repo.replace("/", "--") / info.sha
         snapshot_download(repo, revision=info.sha, repo_type=repo_type, allow_patterns=list(patterns),
-                          local_dir=local, endpoint=settings.hf_endpoint, token=token)
+                          local_dir=local, endpoint=settings.hf_endpoint, token=token,
+                          tqdm_class=_stopping_progress(check) if check is not None else None)
     except (RepositoryNotFoundError, RevisionNotFoundError):
         raise TargetNotFound(f"{what} {uri}: the Hub has no such repo or revision, or it is private; "
                              f"{PRIVATE_REPO_HINT}") from None
@@ -322,3 +342,16 @@ def _fetch_hub(uri: str, settings: Settings, cache: Path, patterns: tuple[str, .
         status = exc.response.status_code if exc.response is not None else "no answer"
         raise SourceUnavailable(f"{what} {uri}: the Hub answered {status}; {PRIVATE_REPO_HINT}") from None
     return Resolved(str(local), info.sha)
+
+
+def _stopping_progress(check: Callable[..., None]):
+    """huggingface_hub's progress bar, asking `check` at every update: snapshot_download sums each file's chunks
+    into it from its download threads, so a stop request ends the download at the next chunk."""
+    from huggingface_hub.utils import tqdm as hub_tqdm
+
+    class StoppingProgress(hub_tqdm):
+        def update(self, n=1):
+            check()
+            return super().update(n)
+
+    return StoppingProgress

@@ -73,7 +73,8 @@ def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageRe
             # The series must hold every step once: steps the lost attempt trained up to its checkpoint but had
             # not yet written to the database come back from the checkpoint's metrics.jsonl.
             reporter.restore_metrics(files.layout.train / "metrics.jsonl", int(checkpoint.removeprefix("step-")))
-        config = job_run_config(ctx, job, spec, files, reporter, pin=stage is Stage.PREPARE)
+        config = job_run_config(ctx, job, spec, files, reporter, pin=stage is Stage.PREPARE,
+                                should_stop=reporter.should_stop)
         hooks = StageHooks(progress=reporter.progress, should_stop=reporter.should_stop, on_saved=files.sync.push,
                            on_metrics=reporter.metrics)
         if stage is Stage.GENERATE and ctx.settings.worker_generate_workers > 1:

@@ -193,3 +193,26 @@ def test_the_organisations_own_token_is_sent_and_a_trusted_namespace_gets_the_de
     assert sent(hub, "orgb/published") == {f"Bearer {B_TOKEN}"}
     assert sent(hub, f"{TRUSTED}/b-published") == {f"Bearer {DEPLOYMENT_TOKEN}"}
     assert f"Bearer {MACHINE_TOKEN}" not in {header for _, _, header in hub.calls}
+
+
+def test_a_stop_request_ends_a_hub_download_mid_file(harness, ctx, hub):
+    """A cancel during prepare is honoured at the next chunk of a large target's download from the Hub (its
+    progress updates ask the stage's poll), and a later fetch completes the files."""
+    from trainer.errors import StageInterrupted
+    from worker.sources import Caller, resolve_target
+
+    weights = bytes(range(256)) * ((48 << 20) // 256)  # several of huggingface_hub's download chunks
+    hub.put_files(f"{TRUSTED}/big-model", {"config.json": MODEL["config.json"], "model.safetensors": weights})
+    asked = []
+
+    def stop_after_a_few_chunks() -> bool:
+        asked.append(1)
+        return len(asked) > 2
+
+    caller = Caller(harness.new_org().org_id, ctx.session_factory)
+    with pytest.raises(StageInterrupted, match="target: the download stopped on request"):
+        resolve_target(f"hf://{TRUSTED}/big-model", harness.settings, ctx.cache, caller=caller,
+                       should_stop=stop_after_a_few_chunks)
+    assert not any(p.stat().st_size == len(weights) for p in Path(ctx.cache, "targets").rglob("model.safetensors"))
+    fetched = resolve_target(f"hf://{TRUSTED}/big-model", harness.settings, ctx.cache, caller=caller)
+    assert (Path(fetched.path) / "model.safetensors").read_bytes() == weights

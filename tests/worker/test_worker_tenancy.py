@@ -10,6 +10,7 @@ organisation A's objects come from the fake stage runner the API tests use."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -301,3 +302,34 @@ def test_a_secret_endpoint_into_our_storage_reaches_nothing_of_a_by_any_route(ha
     assert {k: v for k, v in after.items() if k in before} == before
     assert all(k.split("/")[2] in b_jobs for k in set(after) - set(before)), sorted(set(after) - set(before))
     assert a_copies(ctx) == copies_before  # (A's own reads in the test above stay A's)
+
+
+def test_a_stop_request_ends_an_s3_target_download_mid_file(harness, ctx):
+    """A cancel during prepare is honoured at the next chunk of a large target's download, not after the whole
+    file; a later fetch (the job resumed) completes it."""
+    from trainer.errors import StageInterrupted
+    from worker.sources import Caller, resolve_target
+
+    weights = os.urandom(24 << 20)  # several multipart chunks
+    s3 = boto3.client("s3", endpoint_url=harness.settings.s3_endpoint_url, region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    s3.put_object(Bucket=OTHER_BUCKET, Key="big/config.json", Body=b'{"model_type": "llama"}')
+    s3.put_object(Bucket=OTHER_BUCKET, Key="big/model.safetensors", Body=weights)
+    asked = []
+
+    def stop_after_a_few_chunks() -> bool:
+        asked.append(1)
+        return len(asked) > 3
+
+    org = harness.new_org()
+    value = json.dumps({"access_key_id": "org-own-key", "secret_access_key": "org-own-secret-0123456789"})
+    assert harness.client.put(f"/v1/secrets/s3.{OTHER_BUCKET}", json={"value": value},
+                              headers=org.headers).status_code == 200  # moto honours any key
+    caller = Caller(org.org_id, ctx.session_factory)
+    with pytest.raises(StageInterrupted, match="target: the download stopped on request"):
+        resolve_target(f"s3://{OTHER_BUCKET}/big", harness.settings, Path(ctx.cache), caller=caller,
+                       should_stop=stop_after_a_few_chunks)
+    assert not any(p.name == "model.safetensors" and p.stat().st_size == len(weights)
+                   for p in Path(ctx.cache, "targets").rglob("model.safetensors"))
+    fetched = resolve_target(f"s3://{OTHER_BUCKET}/big", harness.settings, Path(ctx.cache), caller=caller)
+    assert (Path(fetched.path) / "model.safetensors").read_bytes() == weights
