@@ -115,8 +115,10 @@ def synchronize(device: torch.device | str) -> None:
 
 def load_target_on(path, device: str = DEVICE_AUTO, dtype: str = "auto", **options):
     """A target directory loaded where `device`/`dtype` resolve to, for callers that need the target, not the plan
-    (the per-stage commands, the benches); `options` go to load_target (allow_pickle, ...)."""
+    (the per-stage commands, the benches); `options` go to load_target (allow_pickle, ...). A target too large for
+    one GPU is split over the plan's GPUs (trainer/targets/placement.py), never beyond a setting that names one."""
     from trainer.targets import load_target
 
     plan = resolve_device(device, dtype)
+    options.setdefault("may_split", plan.count > 1)
     return load_target(path, device=plan.device, dtype=plan.dtype, **options)

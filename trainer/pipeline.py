@@ -174,7 +174,8 @@ def load_job_target(config: RunConfig, plan: DevicePlan | None = None):
 
     plan = plan or job_device_plan(config)
     return load_target(resolve_target_path(config.target), device=plan.device, dtype=plan.dtype,
-                       allow_pickle=config.allow_pickle, trust_remote_code=config.trust_remote_code)
+                       allow_pickle=config.allow_pickle, trust_remote_code=config.trust_remote_code,
+                       may_split=plan.count > 1)  # a job that names one GPU (cuda:N) is never split
 
 
 def parent_drafter_config(config: RunConfig):

@@ -9,16 +9,24 @@
 
 The parquet shards are plain `datasets` input: `load_dataset("parquet", data_files="DIR/shard-*.parquet")`.
 A shard's parquet file is renamed into place after its hidden states, so its presence means complete.
+
+Reading streams: `DataStore.index()` is a lazy sequence of every example (ExampleIndex) that holds a few shards'
+token columns at a time and reads each row's tensors alone, so memory stays flat however many rows the store
+holds (docs/CAPACITY.md). `examples()` is that sequence made into a list, for small sets (tests, benches).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from trainer.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from trainer.errors import DraftsmithError
@@ -138,29 +146,32 @@ class DataStore:
     def shard_indices(self) -> list[int]:
         return sorted(int(p.name[6:11]) for p in self.root.glob("shard-*.parquet"))
 
-    def examples(self, with_hidden: bool = True, tap_layer_ids: list[int] | None = None,
-                 with_teacher: bool = True) -> list[Example]:
-        """Every example; `tap_layer_ids` (a subset of the stored taps, any order) selects those columns."""
+    def shard_rows(self, index: int) -> int:
+        """A shard's row count, from its parquet footer (no row is read)."""
         import pyarrow.parquet as pq
 
-        columns = self._tap_columns(tap_layer_ids)
-        out = []
+        return pq.ParquetFile(self._shard(index)).metadata.num_rows
+
+    def index(self, with_hidden: bool = True, tap_layer_ids: list[int] | None = None,
+              with_teacher: bool = True, cached_shards: int = 4) -> ExampleIndex:
+        """Every example as a lazy sequence, in store order (shard by shard, row by row); `tap_layer_ids` (a
+        subset of the stored taps, any order) selects those columns. What training reads (docs/CAPACITY.md)."""
+        return ExampleIndex(self, with_hidden, self._tap_columns(tap_layer_ids), with_teacher, cached_shards)
+
+    def examples(self, with_hidden: bool = True, tap_layer_ids: list[int] | None = None,
+                 with_teacher: bool = True) -> list[Example]:
+        """Every example in one list: memory grows with the store, so only for small sets; training reads
+        `index()`."""
+        return list(self.index(with_hidden, tap_layer_ids, with_teacher))
+
+    def responses(self) -> Iterator[list[int]]:
+        """Each example's response tokens, in store order, a shard at a time (no hidden states read)."""
+        import pyarrow.parquet as pq
+
         for index in self.shard_indices():
-            rows = pq.read_table(self._shard(index)).to_pylist()
-            tensors = load_file(self._hidden(index)) if (with_hidden or with_teacher) and \
-                self._hidden(index).is_file() else {}
-            for i, r in enumerate(rows):
-                hidden = tensors.get(f"row{i}") if with_hidden else None
-                if hidden is not None and columns is not None:
-                    hidden = hidden.view(hidden.shape[0], -1, hidden.shape[1] // len(self.meta["tap_layer_ids"]))
-                    hidden = hidden[:, columns].flatten(1)
-                teacher = None
-                if with_teacher and f"row{i}.teacher_ids" in tensors:
-                    teacher = TeacherSignal(tensors[f"row{i}.teacher_ids"], tensors[f"row{i}.teacher_logits"],
-                                            tensors[f"row{i}.teacher_final"])
-                out.append(Example(r["id"], r["category"], r["input_ids"], r["prompt_len"], r["stop_reason"],
-                                   hidden, teacher))
-        return out
+            table = pq.read_table(self._shard(index), columns=["input_ids", "prompt_len"])
+            for ids, prompt_len in zip(table.column("input_ids"), table.column("prompt_len"), strict=True):
+                yield ids.as_py()[prompt_len.as_py():]
 
     def _tap_columns(self, tap_layer_ids: list[int] | None) -> list[int] | None:
         stored = list(self.meta.get("tap_layer_ids") or [])
@@ -173,9 +184,90 @@ class DataStore:
         return [stored.index(i) for i in tap_layer_ids]
 
     def summary(self) -> dict:
-        examples = self.examples(with_hidden=False)
-        response_tokens = sum(len(e.input_ids) - e.prompt_len for e in examples)
-        return {"examples": len(examples), "response_tokens": response_tokens,
-                "stopped": sum(e.stop_reason == "stop" for e in examples),
+        """Counts from the parquet token columns, a shard at a time: no hidden state or example list is built."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        examples = response_tokens = stopped = 0
+        for index in self.shard_indices():
+            table = pq.read_table(self._shard(index), columns=["input_ids", "prompt_len", "stop_reason"])
+            examples += table.num_rows
+            response_tokens += int(pc.sum(pc.list_value_length(table.column("input_ids"))).as_py() or 0) - \
+                int(pc.sum(table.column("prompt_len")).as_py() or 0)
+            stopped += int(pc.sum(pc.equal(table.column("stop_reason"), "stop")).as_py() or 0)
+        return {"examples": examples, "response_tokens": response_tokens, "stopped": stopped,
                 "hidden_cached": bool(self.meta.get("hidden_cached"))}
 
+
+class _OpenShard:
+    """One shard as ExampleIndex caches it: its token columns (arrow, compact) and its tensor file opened for
+    reading single rows (memory-mapped: nothing is read until a row asks)."""
+
+    def __init__(self, store: DataStore, index: int, with_tensors: bool):
+        import pyarrow.parquet as pq
+
+        self.table = pq.read_table(store._shard(index))
+        hidden_file = store._hidden(index)
+        self.tensors = safe_open(hidden_file, framework="pt") if with_tensors and hidden_file.is_file() else None
+        self.keys = set(self.tensors.keys()) if self.tensors is not None else set()
+
+    def tensor(self, key: str) -> torch.Tensor | None:
+        return self.tensors.get_tensor(key) if key in self.keys else None
+
+
+class ExampleIndex(Sequence[Example]):
+    """Every example of a store, addressed by its global index (store order: shard by shard, row by row), loaded
+    on demand. Only the row counts are read up front (parquet footers); a row's shard is opened when asked for
+    and kept in a small LRU cache, and its tensors are read alone (safetensors' safe_open), so memory is flat
+    in the number of examples. Same examples, same order, same values as a list of them: training's order
+    (trainer/training/data.py ExampleOrder) indexes it exactly as it indexed the list."""
+
+    def __init__(self, store: DataStore, with_hidden: bool, tap_columns: list[int] | None, with_teacher: bool,
+                 cached_shards: int = 4):
+        self.store, self.with_hidden, self.with_teacher = store, with_hidden, with_teacher
+        self.tap_columns, self.cached_shards = tap_columns, max(1, cached_shards)
+        self.shards = store.shard_indices()
+        # starts[k]: global index of shard k's first row; starts[-1]: the total.
+        self.starts = [0]
+        for index in self.shards:
+            self.starts.append(self.starts[-1] + store.shard_rows(index))
+        self._open: OrderedDict[int, _OpenShard] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, position):  # int -> Example; slice -> list[Example] (as a list slice would give)
+        if isinstance(position, slice):
+            return [self[i] for i in range(*position.indices(len(self)))]
+        if position < 0:
+            position += len(self)
+        if not 0 <= position < len(self):
+            raise IndexError(f"example {position} of {len(self)}")
+        shard = bisect.bisect_right(self.starts, position) - 1
+        return self._example(self._shard(shard), position - self.starts[shard])
+
+    def __iter__(self) -> Iterator[Example]:
+        for shard in range(len(self.shards)):
+            for row in range(self.starts[shard + 1] - self.starts[shard]):
+                yield self._example(self._shard(shard), row)
+
+    def _shard(self, shard: int) -> _OpenShard:
+        if shard in self._open:
+            self._open.move_to_end(shard)
+        else:
+            self._open[shard] = _OpenShard(self.store, self.shards[shard], self.with_hidden or self.with_teacher)
+            while len(self._open) > self.cached_shards:
+                self._open.popitem(last=False)  # least recently used; closing it unmaps its tensor file
+        return self._open[shard]
+
+    def _example(self, shard: _OpenShard, row: int) -> Example:
+        r = shard.table.slice(row, 1).to_pylist()[0]
+        hidden = shard.tensor(f"row{row}") if self.with_hidden else None
+        if hidden is not None and self.tap_columns is not None:
+            taps = len(self.store.meta["tap_layer_ids"])
+            hidden = hidden.view(hidden.shape[0], -1, hidden.shape[1] // taps)[:, self.tap_columns].flatten(1)
+        teacher = None
+        if self.with_teacher and f"row{row}.teacher_ids" in shard.keys:
+            teacher = TeacherSignal(shard.tensor(f"row{row}.teacher_ids"), shard.tensor(f"row{row}.teacher_logits"),
+                                    shard.tensor(f"row{row}.teacher_final"))
+        return Example(r["id"], r["category"], r["input_ids"], r["prompt_len"], r["stop_reason"], hidden, teacher)

@@ -64,7 +64,7 @@ class VllmResponses:
     name = "vllm"
 
     def __init__(self, target, *, max_model_len: int | None = None, threads: int | None = None,
-                 log_path: str | Path | None = None):
+                 log_path: str | Path | None = None, tensor_parallel_size: int = 1):
         if target.path is None:
             raise EngineFailed("vLLM loads the target from its folder; this target was built in memory")
         self.target = target
@@ -77,6 +77,9 @@ class VllmResponses:
             threads = torch.get_num_threads()
         self.threads = threads
         self.log_path = Path(log_path) if log_path else None
+        # GPUs vLLM shards the target's heads over: trainer/targets/placement.py tensor_parallel_size, from the
+        # same plan that splits a target too large for one GPU; 1 on the CPU.
+        self.tensor_parallel_size = tensor_parallel_size
         self.stop_token_ids = list(target.stop_token_ids())
         self.seconds, self.tokens, self.vllm_version = 0.0, 0, None
         self._process: subprocess.Popen | None = None
@@ -98,7 +101,7 @@ class VllmResponses:
         # someone else may hold on a shared machine.
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(KV_CACHE_GIB)),
                "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(self.threads)}
-        config = {"target": str(self.target.path), "dtype": "float32", "max_model_len": self.max_model_len}
+        config = self.driver_config()
         # A session of its own: vLLM forks an engine process, and a kill on exit must reach it too.
         self._process = subprocess.Popen([str(python), str(DRIVER), json.dumps(config)], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=self._log, env=env, text=True,
@@ -110,6 +113,11 @@ class VllmResponses:
             raise
         self.vllm_version = ready.get("vllm_version")
         return self
+
+    def driver_config(self) -> dict:
+        """What the driver builds its `LLM` from (trainer/data/vllm_generate_driver.py CONFIG)."""
+        return {"target": str(self.target.path), "dtype": "float32", "max_model_len": self.max_model_len,
+                "tensor_parallel_size": self.tensor_parallel_size}
 
     def __exit__(self, exc_type, *exc) -> None:
         self._stop(timeout=60)

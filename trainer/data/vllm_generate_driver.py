@@ -2,7 +2,7 @@
 trainer/data/vllm_backend.py: `VLLM_PYTHON vllm_generate_driver.py CONFIG_JSON`. Imports only the standard
 library and vLLM (the project's packages are not installed there).
 
-CONFIG: {"target": DIR, "dtype": "float32", "max_model_len": N}
+CONFIG: {"target": DIR, "dtype": "float32", "max_model_len": N, "tensor_parallel_size": GPUs (1 if absent)}
 It loads one offline `LLM`, writes {"ready": true, "vllm_version": str} and then answers requests, one JSON
 line each way, until stdin closes:
   request:  {"prompts": [[ids]], "seeds": [int per prompt], "temperature", "top_p", "top_k", "max_tokens",
@@ -72,7 +72,8 @@ def main(config_json: str) -> int:
         # generation_config="vllm": the checkpoint's generation defaults never leak into the job's sampling.
         # No prefix caching: every request is a fresh set of prompts, and it keeps runs comparable.
         llm = LLM(model=config["target"], dtype=config["dtype"], max_model_len=config["max_model_len"], seed=0,
-                  enforce_eager=True, enable_prefix_caching=False, generation_config="vllm")
+                  enforce_eager=True, enable_prefix_caching=False, generation_config="vllm",
+                  tensor_parallel_size=config.get("tensor_parallel_size", 1))
     except Exception:
         reply({"error": traceback.format_exc()[-3000:]})
         return 1

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import inspect
 import json
+import os
 from functools import cached_property
 from pathlib import Path
 
@@ -74,21 +75,55 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def load_target(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                allow_pickle: bool = False, trust_remote_code: bool = False) -> Target:
+                allow_pickle: bool = False, trust_remote_code: bool = False, may_split: bool | None = None) -> Target:
     """Load a checked target directory in float32 on CPU (bfloat16 on GPU). Runs code shipped with the
-    checkpoint only when `trust_remote_code` is given (a job's explicit, deployment-allowed choice)."""
+    checkpoint only when `trust_remote_code` is given (a job's explicit, deployment-allowed choice).
+
+    On a machine with several GPUs, a target too large for `device`'s GPU is split by layers over the next ones
+    (trainer/targets/placement.py), or refused naming what to change. `may_split`: whether it may be (None: yes,
+    unless this process is one of several training ranks, which each hold a whole target)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
-    inspect_target_dir(path, allow_pickle=allow_pickle)
+    config = inspect_target_dir(path, allow_pickle=allow_pickle)
     device = torch.device(device)
+    dtype = dtype or default_dtype(device)
+    placement = gpu_placement(path, config, device, dtype, may_split)
+    options = placement.from_pretrained_options() if placement is not None else {}
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype or default_dtype(device), trust_remote_code=trust_remote_code,
-        use_safetensors=not allow_pickle or None,
-    ).to(device).eval()
+        path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=not allow_pickle or None, **options,
+    )
+    if options:
+        _check_all_on_gpus(model, path)
+    else:
+        model = model.to(device)
+    model.eval()
     model.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     return Target(model, tokenizer, path)
+
+
+def gpu_placement(path: Path, config: dict, device: torch.device, dtype: torch.dtype, may_split: bool | None):
+    """The placement of a target bound for a GPU of a machine with several (None on the CPU or with one GPU: the
+    plain `.to(device)`, as before)."""
+    if device.type != "cuda" or torch.cuda.device_count() < 2:
+        return None
+    from trainer.targets.placement import gpu_memory, plan_placement, target_parameters
+
+    if may_split is None:
+        may_split = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    return plan_placement(target_parameters(path, config), dtype, gpu_memory(), first_gpu=device.index or 0,
+                          may_split=may_split, name=f"target {path.name}")
+
+
+def _check_all_on_gpus(model, path: Path) -> None:
+    """transformers places what does not fit its `max_memory` on the CPU or disk without a word: many times
+    slower, so refused (the plan's headroom is meant to leave room; this catches its estimate being wrong)."""
+    elsewhere = sorted({str(where) for where in getattr(model, "hf_device_map", {}).values()
+                        if not isinstance(where, int) and not str(where).startswith("cuda")})
+    if elsewhere:
+        raise TargetError(f"target {path}: its layers did not fit the GPUs planned for it and some went to "
+                          f"{', '.join(elsewhere)}; run it on a node with more GPU memory")
 
 
 CACHE_ARGUMENTS = ("cache", "past_key_values")
@@ -175,7 +210,9 @@ class Target:
                 input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                 use_cache=cache is not None, logits_to_keep=logits_to_keep, **{self.cache_argument: cache},
             )
-        return output.logits, (torch.cat(taps, dim=-1) if tap_layer_ids else None)
+        # A target split over GPUs leaves each tap on its layer's GPU: gathered where the inputs are (a no-op when
+        # they are all there already).
+        return output.logits, (torch.cat([t.to(input_ids.device) for t in taps], dim=-1) if tap_layer_ids else None)
 
     @contextlib.contextmanager
     def capture_taps(self, layer_ids: list[int] | None):

@@ -3,6 +3,8 @@ features of each batch (from the cache, or recomputed with the target when they 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from trainer.data.store import Example
@@ -11,21 +13,24 @@ from trainer.targets.loading import Target
 
 class ExampleOrder:
     """Which examples make up micro-batch `micro` of step `step` on `rank`: a pure function of its
-    arguments (epoch permutations from the seed), so a resumed run sees exactly the same data."""
+    arguments (epoch permutations from the seed), so a resumed run sees exactly the same data.
 
-    def __init__(self, examples: list[Example], seed: int, rank: int, world: int, micro_batch: int, accum: int):
-        if not examples:
+    `examples` is any sequence: the store's lazy ExampleIndex in training (loaded a shard at a time, so memory
+    does not grow with the data set), or a list. Only the current epoch's permutation is kept, as a tensor."""
+
+    def __init__(self, examples: Sequence[Example], seed: int, rank: int, world: int, micro_batch: int, accum: int):
+        if not len(examples):
             raise ValueError("no training examples")
         self.examples, self.seed = examples, seed
         self.rank, self.world, self.micro_batch, self.accum = rank, world, micro_batch, accum
-        self._permutations: dict[int, list[int]] = {}
+        self._epoch, self._permutation = -1, torch.empty(0, dtype=torch.long)
 
     def _at(self, global_index: int) -> Example:
         epoch, offset = divmod(global_index, len(self.examples))
-        if epoch not in self._permutations:
+        if epoch != self._epoch:
             generator = torch.Generator().manual_seed(self.seed * 7919 + epoch)
-            self._permutations[epoch] = torch.randperm(len(self.examples), generator=generator).tolist()
-        return self.examples[self._permutations[epoch][offset]]
+            self._epoch, self._permutation = epoch, torch.randperm(len(self.examples), generator=generator)
+        return self.examples[int(self._permutation[offset])]
 
     def micro_batch_examples(self, step: int, micro: int) -> list[Example]:
         per_step = self.world * self.micro_batch * self.accum

@@ -73,8 +73,8 @@ class Trainer:
         rank, world, device = distributed.init_distributed(target.device)
         self.rank = rank
         cached = bool(self.store.meta["hidden_cached"])
-        examples = self.store.examples(with_hidden=cached, tap_layer_ids=list(self.drafter_config.target_layer_ids))
-        self.responses = [e.input_ids[e.prompt_len:] for e in examples]  # ranks the draft vocabulary
+        # Lazy: a few shards in memory at a time, whatever the data set's size (trainer/data/store.py ExampleIndex).
+        examples = self.store.index(with_hidden=cached, tap_layer_ids=list(self.drafter_config.target_layer_ids))
         taps = list(self.drafter_config.target_layer_ids)
         drafter = initial_drafter(self.drafter_config, target, examples, cfg.init, cfg.seed)
         self.drafter_config = drafter.config
@@ -82,7 +82,7 @@ class Trainer:
         self.draft_ids = None
         if vocab_size and vocab_size < self.drafter_config.vocab_size:  # ranked now, written at export
             self.drafter_config = self.drafter_config.replace(draft_vocab_size=vocab_size)
-            self.draft_ids = frequency_ranked_vocab(self.responses, self.drafter_config.vocab_size, vocab_size,
+            self.draft_ids = frequency_ranked_vocab(self.store.responses(), self.drafter_config.vocab_size, vocab_size,
                                                     target.stop_token_ids())
         drafter = drafter.to(device=device, dtype=target.dtype)
         frozen = FrozenTargetParts(target.embedding_weight.to(device), target.lm_head.weight.to(device))
