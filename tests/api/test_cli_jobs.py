@@ -122,7 +122,8 @@ def test_download_fetches_every_artifact_verified_and_refuses_a_tampered_one(ser
     assert f"{len(names)} artifacts verified" in result.stderr
     assert "downloaded drafter/model.safetensors (4" in result.stderr  # per-file progress where no terminal
 
-    stored = next(Path(harness.settings.storage_url.removeprefix("file://")).rglob("model.safetensors"))
+    stored = next(path for path in Path(harness.settings.storage_url.removeprefix("file://")).rglob("model.safetensors")
+                  if job_id in path.parts)  # this job's, not another test's in the shared storage
     stored.write_bytes(bytes(len(stored.read_bytes())))  # same size, other bytes
     tampered = cli(base, org.key, "download", job_id, "--out", str(tmp_path / "again"))
     assert tampered.exit_code == 1 and "download failed" in tampered.stderr
