@@ -49,4 +49,4 @@ test: browser setup
 	$(BIN)/python -m pytest -q
 
 bench: setup
-	$(BIN)/python bench/train_variants.py
+	$(BIN)/python -m bench.train_variants

@@ -7,7 +7,7 @@ trained block size for each vocabulary (replayed, trainer/validation/replay.py);
 per b; and then the measured tokens/s of the target alone and of speculative decoding at the best
 (vocabulary, b) and at the full head and full block, prompt by prompt, interleaved, with the load average.
 
-    python bench/decode_cost.py --drafter RUN/drafter --data DATA --references STUDY/references \
+    python -m bench.decode_cost --drafter RUN/drafter --data DATA --references STUDY/references \
         [--vocab-sizes 0,8192,16384] [--timed-prompts 12] [--threads 2]
 """
 

@@ -1,7 +1,7 @@
 """The drafter in the serving engines installed here (llama.cpp, vLLM CPU), beside each engine's n-gram drafter.
 
-    python bench/engines.py --target smollm2-135m --drafter OUT            # an export folder, run as exported
-    python bench/engines.py --target DIR --drafter RUN/drafter --engines llama.cpp --prompts 8 --max-new-tokens 96
+    python -m bench.engines --target smollm2-135m --drafter OUT            # an export folder, run as exported
+    python -m bench.engines --target DIR --drafter RUN/drafter --engines llama.cpp --prompts 8 --max-new-tokens 96
 
 The same measurement as validation's engine step (trainer/validation/engines.py) on held-out built-in prompts
 (or a prompts file), printing a table: τ as each engine counts it, tokens/s and the ratio to that engine's

@@ -9,7 +9,7 @@ vLLM's one-off start-up, and greedy agreement: prompts answered identically, the
 to each prompt's first divergence, and at every divergence the built-in target's margin between its two most
 likely tokens (a near tie that float rounding in a different kernel can flip), with the load average.
 
-    python bench/generate_backends.py [--prompts 32] [--max-new-tokens 64] [--batch-size 16] [--out FILE]
+    python -m bench.generate_backends [--prompts 32] [--max-new-tokens 64] [--batch-size 16] [--out FILE]
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The offline bundle for bench/gpu_check.sh: what a GPU image (Python 3.12, CUDA torch, transformers 5.17, triton;
 no pydantic, deepspeed, scipy or gguf; no network; at most 64 MiB a transfer) lacks to run `draftsmith run`.
 
-    python bench/gpu_bundle.py list                 # resolve the wheel list for cp312 / manylinux x86_64 (no download)
-    python bench/gpu_bundle.py build OUT            # download + build the wheels, pack OUT/parts/ (bench/gpu_bundle.sh)
-    python bench/gpu_bundle.py pack SRC OUT         # tar SRC, split it into parts under PART_BYTES, write a manifest
-    python bench/gpu_bundle.py assemble PARTS DEST  # verify every part's sha256, join, verify, extract into DEST
+    python -m bench.gpu_bundle list                 # resolve the wheel list for cp312 / manylinux x86_64 (no download)
+    python -m bench.gpu_bundle build OUT            # download + build the wheels, pack OUT/parts/ (bench/gpu_bundle.sh)
+    python -m bench.gpu_bundle pack SRC OUT         # tar SRC, split it into parts under PART_BYTES, write a manifest
+    python -m bench.gpu_bundle assemble PARTS DEST  # verify every part's sha256, join, verify, extract into DEST
 
 `list`/`build` run on the CPU machine with PyPI reachable; `assemble` runs on the GPU machine and needs nothing but
 the standard library. The bundle holds wheels for Python 3.12 / manylinux x86_64 of the pinned worker dependencies

@@ -1,8 +1,9 @@
 """The Triton kernels (kernels/triton_*.py) against the torch path: correctness, speed, and a drafter training step.
-(Named kernel_bench, not kernels: tests/bench put bench/ on sys.path, where a kernels.py shadows the package.)
+(Named kernel_bench, not kernels: run by path, a script has bench/ first on sys.path, where a kernels.py would
+shadow the package.)
 
-    .venv/bin/python bench/kernel_bench.py                 # CPU: a correctness run (Triton's interpreter) + torch timings
-    .venv/bin/python bench/kernel_bench.py --device cuda   # GPU: each kernel's speed, Triton vs torch, and the training
+    .venv/bin/python -m bench.kernel_bench                 # CPU: a correctness run (Triton's interpreter) + torch timings
+    .venv/bin/python -m bench.kernel_bench --device cuda   # GPU: each kernel's speed, Triton vs torch, and the training
                                                       # step's tokens/s and MFU with and without the kernels
 
 On a CPU, Triton runs only in its interpreter (TRITON_INTERPRET=1, set here before triton loads): numbers there

@@ -2,8 +2,8 @@
 and 100 concurrent clients, and of 50 open SSE streams, against a real server (`draftsmith api`, one
 uvicorn process) on PostgreSQL.
 
-    python bench/load_api.py                      # a fresh database on 127.0.0.1:5432, dropped afterwards
-    python bench/load_api.py --duration 5 --clients 20,100 --routes job
+    python -m bench.load_api                      # a fresh database on 127.0.0.1:5432, dropped afterwards
+    python -m bench.load_api --duration 5 --clients 20,100 --routes job
 
 Two kinds of client, both on their own keep-alive connection:
 - *paced* (the service's real traffic: dashboards and CLIs polling a job): one request every

@@ -16,10 +16,10 @@ held-out prompts (66 at the recipe's hold-out share; bench/heldout.py) with a 95
 against SpecForge's row of the same budget with paired intervals (difference and ratio of tau).
 
     bash bench/setup/specforge.sh                         # SpecForge in .engines/specforge (its own venv)
-    python bench/peers.py --data DATA --work WORK --rows specforge-steps,dflash-steps,dflash2-steps [--steps 300]
-    python bench/peers.py --data DATA --work WORK --rows specforge-cpu,dflash-cpu
-    python bench/peers.py --data DATA --work WORK --check-export specforge-steps   # lossless + `draftsmith validate`
-    python bench/peers.py --work WORK --table
+    python -m bench.peers --data DATA --work WORK --rows specforge-steps,dflash-steps,dflash2-steps [--steps 300]
+    python -m bench.peers --data DATA --work WORK --rows specforge-cpu,dflash-cpu
+    python -m bench.peers --data DATA --work WORK --check-export specforge-steps   # lossless + `draftsmith validate`
+    python -m bench.peers --work WORK --table
 
 DATA: a data set from `draftsmith generate` or the main job's OUT/.work/data (with taps 1, 14, 27). Rows can run
 in separate processes on the same WORK (two at once at most on two cores); results go to WORK/results.jsonl.
@@ -35,9 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-from heldout import append_result, git_revision, heldout_prompts, heldout_references, load_results, paired_delta, \
+from bench import specforge_peer
+from bench.heldout import append_result, git_revision, heldout_prompts, heldout_references, load_results, paired_delta, \
     paired_ratio, score_drafter, uncommitted, uptime_load, work_lock
-import specforge_peer
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = {

@@ -7,8 +7,8 @@ greedily once, and each drafter is then run against that known output, which is 
 decoding does minus the target's verify passes. Training runs at `--threads` threads and every row records
 its process CPU time, so rows stay comparable when other work shares the machine (wall time does not).
 
-    python bench/recipe_study.py --data DATA --work /tmp/study --rows baseline,kl [--steps 300]
-    python bench/recipe_study.py --work /tmp/study --table          # the table of every row run so far
+    python -m bench.recipe_study --data DATA --work /tmp/study --rows baseline,kl [--steps 300]
+    python -m bench.recipe_study --work /tmp/study --table          # the table of every row run so far
 
 DATA is a data set from `draftsmith generate` (or the main job's OUT/.work/data) regenerated with the
 teacher signal and with every tap a row needs (e.g. layers 1,14,27,29).
@@ -21,7 +21,7 @@ import json
 import time
 from pathlib import Path
 
-from heldout import append_result, git_revision, heldout_prompts, heldout_references, load_results, paired_delta, \
+from bench.heldout import append_result, git_revision, heldout_prompts, heldout_references, load_results, paired_delta, \
     score_drafter, uptime_load
 
 BF16 = {"bf16_matmuls": True}
@@ -117,7 +117,7 @@ def run_row(name: str, drafter_overrides: dict, train_overrides: dict, args, tar
         row["tau_argmax"] = round(replay_acceptance(target, drafter, references).tau, 4)
         drafter.candidate_selector = selector
     if args.sampled_prompts:  # tau under speculative sampling at T=1, same prompts and seeds for every row
-        from sampled_tau import sampled_tau
+        from bench.sampled_tau import sampled_tau
 
         from schemas import recipe
         from trainer.data.prompts import load_prompts, split_prompts

@@ -5,7 +5,7 @@ acceptance cannot (each accepted token changes what the target sees next), so th
 rejection sampling against the target's distribution, one seeded generator per prompt, so two drafters are
 compared on the same prompts with the same seeds (paired bootstrap over prompts).
 
-    python bench/sampled_tau.py --drafter RUN_A/drafter --drafter RUN_B/drafter --prompts 24 [--temperature 1]
+    python -m bench.sampled_tau --drafter RUN_A/drafter --drafter RUN_B/drafter --prompts 24 [--temperature 1]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ instead of norm(max(p - q, 0)) after a rejection, for several seeds, and prints 
 test (tests/trainer/test_sampling_check_power.py) shows the same with a stand-in drafter; this shows how
 much power is left with the drafter a job actually produces.
 
-    python bench/sampling_power.py --drafter RUN/drafter [--seeds 3] [--block-size B]
+    python -m bench.sampling_power --drafter RUN/drafter [--seeds 3] [--block-size B]
 """
 
 from __future__ import annotations

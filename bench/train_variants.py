@@ -6,7 +6,7 @@ service use, so the bench measures exactly what a job would produce. Prints held
 DFlash 2 / DFlash ratio, oracle tau, per-position acceptance, tau by category and training throughput.
 Numbers, not assertions.
 
-    python bench/train_variants.py --work /tmp/bench --steps 300 [--data out/smollm2-135m/.work/data]
+    python -m bench.train_variants --work /tmp/bench --steps 300 [--data out/smollm2-135m/.work/data]
 """
 
 from __future__ import annotations

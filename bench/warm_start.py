@@ -1,7 +1,7 @@
 """Bench: warm start vs training from scratch, for a drafter that must follow a new fine-tune (issue 12).
 
-    nice -n 10 python bench/warm_start.py --work /tmp/warm-bench --phase prep      # fine-tune, data, base drafter
-    nice -n 10 python bench/warm_start.py --work /tmp/warm-bench --phase curves    # the budgets, measured
+    nice -n 10 python -m bench.warm_start --work /tmp/warm-bench --phase prep      # fine-tune, data, base drafter
+    nice -n 10 python -m bench.warm_start --work /tmp/warm-bench --phase curves    # the budgets, measured
 
 The story a customer lives: a drafter was trained for SmolLM2-135M-Instruct (the "base drafter"); the customer
 fine-tunes the model again (here: a few hundred AdamW steps on documentation Q&A made from the docstrings of

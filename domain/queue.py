@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from domain.settings import Settings
 from schemas.stages import STAGE_QUEUE, Stage
@@ -37,12 +37,6 @@ def all_queues(settings: Settings) -> list[str]:
 
 def audit_queue(settings: Settings) -> str:
     return f"{settings.queue_name}.gpu"
-
-
-class JobQueue(Protocol):
-    def enqueue_job(self, job_id: str, stage: Stage | str = Stage.PREPARE) -> None: ...
-    def enqueue_audit(self, audit_id: str) -> None: ...
-    def ping(self) -> None: ...
 
 
 class RecordingQueue:

@@ -373,7 +373,17 @@ class JobStages:
         return {"files": len(manifest["files"]), "device": self.plan.describe()}
 
 
+STAGES: dict[Stage, Callable[[JobStages], dict | None]] = {
+    Stage.PREPARE: JobStages.prepare,
+    Stage.GENERATE: JobStages.generate,
+    Stage.TRAIN: JobStages.train,
+    Stage.VALIDATE: JobStages.validate,
+    Stage.EXPORT: JobStages.export,
+}
+"""Which `JobStages` method runs each of the trainer's stages (publish is the worker's alone)."""
+
 TRAINER_STAGES = LOCAL_STAGES
+assert tuple(STAGES) == TRAINER_STAGES, "every stage draftsmith runs needs its entry in STAGES, in order"
 
 
 def run_stage(stage: Stage | str, config: RunConfig, layout: Layout, hooks: StageHooks | None = None,
@@ -388,7 +398,7 @@ def run_stage(stage: Stage | str, config: RunConfig, layout: Layout, hooks: Stag
     job = job or open_job(config, layout, hooks, launch)
     layout.prepared.parent.mkdir(parents=True, exist_ok=True)
     job.stage = stage
-    return getattr(job, str(stage))() or {}
+    return STAGES[stage](job) or {}
 
 
 def open_job(config: RunConfig, layout: Layout, hooks: StageHooks | None = None, launch: Launch = Launch()) -> JobStages:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))  # bench/ is the repository's package, not the installed project's
 
-import gpu_bundle  # noqa: E402
+from bench import gpu_bundle  # noqa: E402
 
 
 @pytest.fixture

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))  # bench/ is the repository's package, not the installed project's
 sys.path.insert(0, str(ROOT / "tests" / "trainer"))
 
-import specforge_peer  # noqa: E402
 from test_data import write_prompts  # noqa: E402
 from tiny_targets import make_tiny_target  # noqa: E402
 
+from bench import specforge_peer  # noqa: E402
 from schemas.sampling import SamplingParams  # noqa: E402
 from trainer.data.prompts import load_prompts  # noqa: E402
 from trainer.data.regenerate import regenerate  # noqa: E402
@@ -105,7 +105,7 @@ print(json.dumps({{"shapes": shapes, "taps": list(model.target_layer_ids), "mask
 def test_equal_cpu_rows_take_the_steps_their_sizing_row_says_fit_the_budget():
     import argparse
 
-    import peers
+    from bench import peers
 
     results = {"dflash2-steps": {"steps": 120, "train_cpu_s": 278.0},
                "specforge-steps": {"steps": 120, "train_cpu_s": 427.0},  # measured beside other work

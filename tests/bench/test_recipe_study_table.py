@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))  # bench/ is the repository's package, not the installed project's
 
-import recipe_study  # noqa: E402
+from bench import recipe_study  # noqa: E402
 
 
 def _row(name: str, per_prompt: list[tuple[int, int]], sampled: list[tuple[int, int]] | None) -> dict:

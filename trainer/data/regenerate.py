@@ -374,9 +374,3 @@ def _shard_examples(target: Target, prompts: list[Prompt], prompt_ids: list[list
         reported_at = time.monotonic()
         report(prompts_done, shard_tokens, prompts_done * params.max_new_tokens)
     return [examples[i] for i in chunk], shard_tokens
-
-
-def describe_plan(target: Target, prompts: list[Prompt], params: SamplingParams, num_taps: int,
-                  cache_budget_bytes: int) -> str:
-    return plan_regeneration(target, tokenize_prompts(target, prompts, params), params, num_taps,
-                             cache_budget_bytes).describe()

@@ -7,7 +7,9 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,6 +29,22 @@ from trainer.training.objective import DistillationObjective, FrozenTargetParts,
 from trainer.training.schedule import BudgetSchedule
 
 StepCallback = Callable[[dict], None]
+
+
+@dataclass(frozen=True)
+class _Session:
+    """What one `Trainer.run` builds and every step uses."""
+    engine: Any
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    order: ExampleOrder
+    start_step: int
+    world: int
+    device: torch.device
+    cached: bool
+    """The data holds the taps' hidden states; otherwise the target computes them per batch."""
+    taps: list[int]
+    uses_teacher: bool
+    pad_id: int
 
 
 def make_optimizer(drafter: Drafter, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -68,29 +86,43 @@ class Trainer:
     def checkpoint_dir(self) -> Path:
         return self.out_dir / "checkpoints"
 
+    @property
+    def metrics_file(self) -> Path:
+        return self.out_dir / "metrics.jsonl"
+
     def run(self, resume: bool = False) -> Path:
+        """Build the engine, step until the step count or the time budget runs out (checkpointing on the way),
+        then export the drafter."""
+        session = self._build(resume)
+        started = self.clock() - self.schedule.spent_s
+        for step in range(session.start_step, self.cfg.steps):
+            done = self._step(session, step, started)
+            interrupted = distributed.any_rank(self.should_stop())
+            if (step + 1) % self.cfg.checkpoint_every == 0 or done or interrupted:
+                self._save_checkpoint(session.engine, step + 1)
+            if interrupted:
+                raise StageInterrupted(f"training stopped on request at step {step + 1}; a checkpoint was written "
+                                       "and the stage resumes from it")
+            if done:
+                break
+        return self._export(session.engine, self.rank)
+
+    def _build(self, resume: bool) -> _Session:
+        """The drafter, its objective and the DeepSpeed engine around them; resumed from the latest checkpoint
+        when asked; the example order and a metrics file that ends where training restarts."""
         cfg, target = self.cfg, self.target
         rank, world, device = distributed.init_distributed(target.device)
         self.rank = rank
         cached = bool(self.store.meta["hidden_cached"])
-        # Lazy: a few shards in memory at a time, whatever the data set's size (trainer/data/store.py ExampleIndex).
-        examples = self.store.index(with_hidden=cached, tap_layer_ids=list(self.drafter_config.target_layer_ids))
         taps = list(self.drafter_config.target_layer_ids)
-        drafter = initial_drafter(self.drafter_config, target, examples, cfg.init, cfg.seed)
-        self.drafter_config = drafter.config
-        vocab_size = self.drafter_config.draft_vocab_size or cfg.draft_vocab_size
-        self.draft_ids = None
-        if vocab_size and vocab_size < self.drafter_config.vocab_size:  # ranked now, written at export
-            self.drafter_config = self.drafter_config.replace(draft_vocab_size=vocab_size)
-            self.draft_ids = frequency_ranked_vocab(self.store.responses(), self.drafter_config.vocab_size, vocab_size,
-                                                    target.stop_token_ids())
-        drafter = drafter.to(device=device, dtype=target.dtype)
+        # Lazy: a few shards in memory at a time, whatever the data set's size (trainer/data/store.py ExampleIndex).
+        examples = self.store.index(with_hidden=cached, tap_layer_ids=taps)
+        drafter = self._initial_drafter(examples).to(device=device, dtype=target.dtype)
         frozen = FrozenTargetParts(target.embedding_weight.to(device), target.lm_head.weight.to(device))
         drafter.context_noise = cfg.context_noise
         objective = DistillationObjective(
             drafter, frozen, cfg.selector_loss_weight, cfg.kl_weight, cfg.hidden_loss_weight, cfg.bf16_matmuls,
             draft_ids=self.draft_ids if cfg.train_on_draft_vocab else None, first_failure_only=cfg.first_failure_only)
-        uses_teacher = bool(cfg.kl_weight or cfg.hidden_loss_weight)
         optimizer = make_optimizer(drafter, cfg)
         self.schedule = BudgetSchedule(cfg)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule.factor)
@@ -99,67 +131,84 @@ class Trainer:
 
         start_step = self._resume(engine) if resume else 0
         order = ExampleOrder(examples, cfg.seed, rank, world, cfg.batch_size, cfg.grad_accum)
-        metrics_file = self.out_dir / "metrics.jsonl"
         if rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            _truncate_metrics(metrics_file, start_step)
-        pad_id = target.tokenizer.pad_token_id or 0
-        clock = self.clock
-        started, step = clock() - self.schedule.spent_s, start_step
-        for step in range(start_step, cfg.steps):
-            step_started = clock()
-            totals = torch.zeros(4)  # loss, ce, selector_ce, topk_recall
-            positions, per_position, tau = 0, [], []
-            for micro in range(cfg.grad_accum):
-                input_ids, lengths, prompt_lens, context, teacher = collate(
-                    order.micro_batch_examples(step, micro), pad_id, None if cached else target, taps)
-                generator = torch.Generator().manual_seed(hash((cfg.seed, step, micro, rank)) % 2**63)
-                batch = build_blocks(input_ids, lengths, prompt_lens, context, block_size=self.drafter_config.block_size,
-                                     num_anchors=cfg.anchors_per_sequence, mask_token_id=self.drafter_config.mask_token_id,
-                                     decay_gamma=self.gamma, generator=generator,
-                                     teacher=teacher if uses_teacher else None,
-                                     supervised_positions=cfg.supervised_positions)
-                out = engine(_to_device(batch, device))
-                engine.backward(out["loss"])
-                engine.step()
-                totals += torch.tensor([float(out["loss"].detach()), float(out["ce"]), float(out.get("selector_ce", 0.0)),
-                                        float(out.get("topk_recall", 0.0))]) / cfg.grad_accum
-                positions += batch.supervised_positions
-                metrics = block_metrics(batch, out)
-                per_position.append(metrics["accuracy_per_position"])
-                tau.append(metrics["train_tau_estimate"])
-            averaged = distributed.average(torch.cat([totals, torch.tensor([positions * world, sum(tau) / len(tau)])]))
-            now = clock()
-            seconds = now - step_started
-            record = {
-                "step": step + 1, "loss": round(float(averaged[0]), 5), "ce": round(float(averaged[1]), 5),
-                "lr": scheduler.get_last_lr()[0], "grad_norm": _grad_norm(engine),
-                "accuracy_per_position": [round(sum(v) / len(v), 4) for v in zip(*per_position, strict=True)],
-                "train_tau_estimate": round(float(averaged[5]), 4),
-                "tokens_per_s": round(float(averaged[4]) / seconds, 1), "epoch": round(order.epochs_at(step + 1), 3),
-                "elapsed_s": round(now - started, 1),
-            }
-            # The slowest rank's clock, so every rank plans (and stops) alike.
-            done = self.schedule.after_step(step + 1, distributed.maximum(now - started))
-            record["progress"] = round(self.schedule.progress(step + 1), 4)
-            if self.schedule.budget_s is not None:
-                record["budget_s"] = self.schedule.budget_s
-            if self.drafter_config.variant == "dflash2":
-                record.update(selector_ce=round(float(averaged[2]), 5), topk_recall=round(float(averaged[3]), 4))
-            if rank == 0:
-                with metrics_file.open("a") as handle:
-                    handle.write(json.dumps(record) + "\n")
-                for callback in self.callbacks:
-                    callback(record)
-            interrupted = distributed.any_rank(self.should_stop())
-            if (step + 1) % cfg.checkpoint_every == 0 or done or interrupted:
-                self._save_checkpoint(engine, step + 1)
-            if interrupted:
-                raise StageInterrupted(f"training stopped on request at step {step + 1}; a checkpoint was written "
-                                       "and the stage resumes from it")
-            if done:
-                break
-        return self._export(engine, rank)
+            _truncate_metrics(self.metrics_file, start_step)
+        return _Session(engine=engine, scheduler=scheduler, order=order, start_step=start_step, world=world,
+                        device=device, cached=cached, taps=taps,
+                        uses_teacher=bool(cfg.kl_weight or cfg.hidden_loss_weight),
+                        pad_id=target.tokenizer.pad_token_id or 0)
+
+    def _initial_drafter(self, examples) -> Drafter:
+        """The starting drafter (on CPU); settles `drafter_config` and, for a reduced draft vocabulary, `draft_ids`."""
+        cfg = self.cfg
+        drafter = initial_drafter(self.drafter_config, self.target, examples, cfg.init, cfg.seed)
+        self.drafter_config = drafter.config
+        vocab_size = self.drafter_config.draft_vocab_size or cfg.draft_vocab_size
+        self.draft_ids = None
+        if vocab_size and vocab_size < self.drafter_config.vocab_size:  # ranked now, written at export
+            self.drafter_config = self.drafter_config.replace(draft_vocab_size=vocab_size)
+            self.draft_ids = frequency_ranked_vocab(self.store.responses(), self.drafter_config.vocab_size, vocab_size,
+                                                    self.target.stop_token_ids())
+        return drafter
+
+    def _step(self, session: _Session, step: int, started: float) -> bool:
+        """One optimizer step over `grad_accum` micro-batches; its record goes to metrics.jsonl and the callbacks.
+        True when the time budget says this was the last step."""
+        cfg, engine = self.cfg, session.engine
+        step_started = self.clock()
+        totals = torch.zeros(4)  # loss, ce, selector_ce, topk_recall
+        positions, per_position, tau = 0, [], []
+        for micro in range(cfg.grad_accum):
+            batch = self._micro_batch(session, step, micro)
+            out = engine(_to_device(batch, session.device))
+            engine.backward(out["loss"])
+            engine.step()
+            totals += torch.tensor([float(out["loss"].detach()), float(out["ce"]), float(out.get("selector_ce", 0.0)),
+                                    float(out.get("topk_recall", 0.0))]) / cfg.grad_accum
+            positions += batch.supervised_positions
+            metrics = block_metrics(batch, out)
+            per_position.append(metrics["accuracy_per_position"])
+            tau.append(metrics["train_tau_estimate"])
+        extra = torch.tensor([positions * session.world, sum(tau) / len(tau)])  # tokens, tau
+        averaged = distributed.average(torch.cat([totals, extra]))
+        now = self.clock()
+        seconds = now - step_started
+        record = {
+            "step": step + 1, "loss": round(float(averaged[0]), 5), "ce": round(float(averaged[1]), 5),
+            "lr": session.scheduler.get_last_lr()[0], "grad_norm": _grad_norm(engine),
+            "accuracy_per_position": [round(sum(v) / len(v), 4) for v in zip(*per_position, strict=True)],
+            "train_tau_estimate": round(float(averaged[5]), 4),
+            "tokens_per_s": round(float(averaged[4]) / seconds, 1),
+            "epoch": round(session.order.epochs_at(step + 1), 3),
+            "elapsed_s": round(now - started, 1),
+        }
+        # The slowest rank's clock, so every rank plans (and stops) alike.
+        done = self.schedule.after_step(step + 1, distributed.maximum(now - started))
+        record["progress"] = round(self.schedule.progress(step + 1), 4)
+        if self.schedule.budget_s is not None:
+            record["budget_s"] = self.schedule.budget_s
+        if self.drafter_config.variant == "dflash2":
+            record.update(selector_ce=round(float(averaged[2]), 5), topk_recall=round(float(averaged[3]), 4))
+        if self.rank == 0:
+            with self.metrics_file.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
+            for callback in self.callbacks:
+                callback(record)
+        return done
+
+    def _micro_batch(self, session: _Session, step: int, micro: int):
+        """The blocks of one micro-batch: the same examples and anchors for a given (seed, step, micro, rank)."""
+        cfg = self.cfg
+        input_ids, lengths, prompt_lens, context, teacher = collate(
+            session.order.micro_batch_examples(step, micro), session.pad_id,
+            None if session.cached else self.target, session.taps)
+        generator = torch.Generator().manual_seed(hash((cfg.seed, step, micro, self.rank)) % 2**63)
+        return build_blocks(input_ids, lengths, prompt_lens, context, block_size=self.drafter_config.block_size,
+                            num_anchors=cfg.anchors_per_sequence, mask_token_id=self.drafter_config.mask_token_id,
+                            decay_gamma=self.gamma, generator=generator,
+                            teacher=teacher if session.uses_teacher else None,
+                            supervised_positions=cfg.supervised_positions)
 
     def _resume(self, engine) -> int:
         latest = self.checkpoint_dir / "latest"
@@ -177,7 +226,7 @@ class Trainer:
         if self.rank == 0:
             for old in sorted(self.checkpoint_dir.glob("step-*"))[:-2]:  # keep the last two
                 shutil.rmtree(old, ignore_errors=True)
-            self.on_saved(self.out_dir / "metrics.jsonl")
+            self.on_saved(self.metrics_file)
             self.on_saved(self.checkpoint_dir)
 
     def _export(self, engine, rank: int) -> Path:

@@ -1,0 +1,7 @@
+"""Scripts that print numbers (speed, acceptance, peers, recipe rows) and the libraries they share (`bench.heldout`).
+
+A package of the repository, never of the wheel (pyproject's package list leaves it out): run a script from the
+repository root as a module, `python -m bench.peers ...`, so `from bench.heldout import ...` resolves; tests import
+`bench.x` the same way. bench/gpu_check.sh and bench/gpu_bundle.sh run their two scripts by path on purpose (the
+GPU check runs the installed project, not the source tree); neither imports another bench module.
+"""
