@@ -217,11 +217,11 @@ def take_over_stale_audits(session: Session, stale_after_seconds: float) -> list
 
 
 def record_audit_usage(session: Session, audit_id: str, *, compute_seconds: float, tokens_generated: int) -> None:
-    from domain.usage import record_usage
+    from domain.usage import append_usage
 
     org_id = session.scalar(select(Audit.org_id).where(Audit.id == audit_id))
     if org_id is None:
         raise NotFound(f"no audit {audit_id!r}")
-    record_usage(session, org_id, audit_id=audit_id, compute_seconds=compute_seconds,
+    append_usage(session, org_id, audit_id=audit_id, compute_seconds=compute_seconds,
                  tokens_generated=tokens_generated)
     session.commit()

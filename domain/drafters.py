@@ -1,7 +1,7 @@
 """Published drafters and their lineage (issue 12).
 
 Every succeeded job publishes one drafter; the worker records it in the publish stage
-(`stage_runner.record_drafter`) with its lineage:
+(domain/runs.py `record_drafter`, which calls `upsert_drafter` here) with its lineage:
 
     target       URI as submitted, the exact revision fetched (Hub commit, S3 digest), fingerprint
     data         the prompts source and its revision, the regenerated set's size and where it is stored
@@ -66,7 +66,7 @@ def check_warm_start(session: Session, org_id: str, spec: JobSpec) -> Drafter | 
     return parent
 
 
-def record_drafter(session: Session, job_id: str, *, target_revision: str | None, target_fingerprint: str,
+def upsert_drafter(session: Session, job_id: str, *, target_revision: str | None, target_fingerprint: str,
                    config: dict[str, Any], metrics: dict[str, Any], lineage: dict[str, Any],
                    manifest_sha256: str) -> Drafter:
     """The job's drafter (recording it again replaces the record: a rerun of publish). Does not commit."""

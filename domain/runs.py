@@ -55,6 +55,7 @@ from pathlib import Path
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from domain.artifacts import artifact_named
 from domain.events import append_event
 from domain.jobs import next_stage
 from domain.models import Artifact, Job, MetricPoint, Publication, StageRun, utcnow
@@ -216,7 +217,7 @@ def register_artifact(
     if job is None:
         raise NotFound(f"no job {job_id!r}")
     stage_name = str(Stage(stage)) if stage is not None else job.stage
-    artifact = session.scalar(select(Artifact).where(Artifact.job_id == job_id, Artifact.name == name))
+    artifact = artifact_named(session, job_id, name)
     if artifact is None:
         artifact = Artifact(job_id=job_id, name=name)
         session.add(artifact)
@@ -418,21 +419,21 @@ def record_publication(session: Session, job_id: str, *, kind: str, location: st
 def record_usage(session: Session, job_id: str, stage: Stage | str, *, compute_seconds: float = 0.0,
                  tokens_generated: int = 0, tokens_trained: int = 0) -> None:
     """What one attempt of `stage` spent, counted towards the organisation's monthly usage (domain/usage.py)."""
-    from domain.usage import record_usage as append
+    from domain.usage import append_usage
 
     org_id = session.scalar(select(Job.org_id).where(Job.id == job_id))
     if org_id is None:
         raise NotFound(f"no job {job_id!r}")
-    append(session, org_id, job_id=job_id, stage=str(Stage(stage)), compute_seconds=compute_seconds,
-           tokens_generated=tokens_generated, tokens_trained=tokens_trained)
+    append_usage(session, org_id, job_id=job_id, stage=str(Stage(stage)), compute_seconds=compute_seconds,
+                 tokens_generated=tokens_generated, tokens_trained=tokens_trained)
     session.commit()
 
 
 def record_drafter(session: Session, job_id: str, **lineage) -> str:
-    """The job's published drafter and its lineage (domain/drafters.py `record_drafter`); returns its id."""
-    from domain.drafters import record_drafter as record
+    """The job's published drafter and its lineage (domain/drafters.py `upsert_drafter`); returns its id."""
+    from domain.drafters import upsert_drafter
 
-    row = record(session, job_id, **lineage)
+    row = upsert_drafter(session, job_id, **lineage)
     job = session.get(Job, job_id)
     assert job is not None
     append_event(session, job, "log", f"drafter {row.id} published" + (f" (parent {row.parent_ref})" if row.parent_ref

@@ -8,6 +8,7 @@ that only appears on completion), so a half-written object is never visible unde
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -55,22 +56,16 @@ class LocalStorage:
         return path
 
     def _write_atomically(self, key: str, source: BinaryIO) -> StoredObject:
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
         digest, size = hashlib.sha256(), 0
-        handle, temp_name = tempfile.mkstemp(dir=target.parent, prefix=".partial-")
-        try:
-            with os.fdopen(handle, "wb") as out:
-                while chunk := source.read(CHUNK_BYTES):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    size += len(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp_name, target)
-        except BaseException:
-            Path(temp_name).unlink(missing_ok=True)
-            raise
+
+        def chunks() -> Iterator[bytes]:
+            nonlocal size
+            while chunk := source.read(CHUNK_BYTES):
+                digest.update(chunk)
+                size += len(chunk)
+                yield chunk
+
+        _write_chunks_atomically(self._path(key), chunks())
         return StoredObject(key, size, digest.hexdigest())
 
     def put_file(self, key: str, path: str | Path) -> StoredObject:
@@ -214,16 +209,30 @@ class S3Storage:
 
 
 def _write_chunks_atomically(path: Path, chunks: Iterator[bytes]) -> None:
+    """The domain's one write-then-rename (stored objects, and copies of them fetched to a local path), under
+    trainer/atomic.py's fsync policy: the file is fsynced before the rename, its directory after. It is not that
+    helper because the domain may not import the trainer (tests/test_layout.py lists this file as the one other
+    place allowed to rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
     try:
         with os.fdopen(handle, "wb") as out:
             for chunk in chunks:
                 out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(temp_name, path)
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    except OSError as exc:  # EINVAL: a filesystem that cannot fsync a directory, as trainer/atomic.py lets be
+        if exc.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(directory)
 
 
 def storage_from_settings(settings: Settings) -> LocalStorage | S3Storage:

@@ -55,9 +55,10 @@ import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from domain.settings import Settings
+from schemas.bounds import file_uri_path
 from domain.storage import check_key
 from domain.s3_endpoints import (
     endpoint_path,
@@ -242,15 +243,13 @@ def s3_secret_problems(given: dict, settings: Settings) -> list[tuple[str, str]]
 # --- file:// ----------------------------------------------------------------------------------------------------
 
 
-def file_uri_path(uri: str) -> str:
-    """The local path a file:// URI names (`file:///p` or `file://localhost/p`), percent-decoded."""
-    parts = urlsplit(uri)
-    if parts.netloc not in ("", "localhost"):
-        raise StorageScopeError(f"{uri}: file URIs name this machine's files: file:///absolute/path")
-    path = unquote(parts.path)
-    if not path.startswith("/"):
-        raise StorageScopeError(f"{uri}: file URIs must be absolute: file:///absolute/path")
-    return path
+def _local_path(uri: str) -> str:
+    """schemas/bounds.py `file_uri_path`, the one parser of file URIs, refusing as this rule does
+    (StorageScopeError, which its callers answer)."""
+    try:
+        return file_uri_path(uri)
+    except ValueError as exc:
+        raise StorageScopeError(str(exc)) from None
 
 
 def _inside(path: str, root: str) -> str | None:
@@ -265,7 +264,7 @@ def _inside(path: str, root: str) -> str | None:
 
 
 def _check_file(uri: str, settings: Settings, tenant: Tenant, *, write: bool) -> DeploymentObject | None:
-    path = file_uri_path(uri)
+    path = _local_path(uri)
     candidates = {os.path.normpath(path), os.path.realpath(path)}  # as written, and where it really leads
     cache = os.path.realpath(settings.worker_cache_dir)
     if any(_inside(candidate, cache) is not None for candidate in candidates):
@@ -273,7 +272,7 @@ def _check_file(uri: str, settings: Settings, tenant: Tenant, *, write: bool) ->
                                 "below the allowed roots outside it")
     if not settings.storage_url.startswith("file://"):
         return None
-    root = os.path.realpath(file_uri_path(settings.storage_url))
+    root = os.path.realpath(_local_path(settings.storage_url))
     relative = next((r for r in (_inside(c, root) for c in candidates) if r is not None), None)
     if relative is None:
         return None
@@ -450,7 +449,7 @@ def refuse_link_loops(uri: str) -> None:
     passes: the worker judges its own disk."""
     import errno
 
-    path = file_uri_path(uri)
+    path = _local_path(uri)
     try:
         real = os.path.realpath(path, strict=True)
     except FileNotFoundError:

@@ -1,10 +1,10 @@
 """Usage and quotas per organisation: compute seconds, tokens generated, tokens trained.
 
 The worker appends a `usage_records` row whenever a stage attempt or an audit ends (through
-domain/runs.py `record_usage`): the attempt's wall seconds times the devices it held, the tokens the
-target generated (regeneration; validation and audits decode too) and the drafter tokens trained (steps x
-sequences per step x anchors x block size, the estimate's unit). An organisation's usage in a month is the sum
-of its records in that UTC calendar month.
+domain/runs.py `record_usage`, which calls `append_usage` here): the attempt's wall seconds times the devices
+it held, the tokens the target generated (regeneration; validation and audits decode too) and the drafter tokens
+trained (steps x sequences per step x anchors x block size, the estimate's unit). An organisation's usage in a
+month is the sum of its records in that UTC calendar month.
 
 Quotas are monthly limits on each counter: the organisation's own (`draftsmith keys create --monthly-...`), else
 the deployment's default (`DRAFTSMITH_DEFAULT_MONTHLY_*`), else none. They are enforced when work is submitted
@@ -94,7 +94,7 @@ def check_quota(session: Session, org: Organisation, settings: Settings, *, what
             )
 
 
-def record_usage(session: Session, org_id: str, *, job_id: str | None = None, audit_id: str | None = None,
+def append_usage(session: Session, org_id: str, *, job_id: str | None = None, audit_id: str | None = None,
                  stage: str | None = None, compute_seconds: float = 0.0, tokens_generated: int = 0,
                  tokens_trained: int = 0) -> UsageRecord:
     """Append what one stage attempt or audit spent (does not commit)."""

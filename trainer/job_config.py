@@ -8,10 +8,9 @@ Publishing destinations and labels are the service's business, not the trainer's
 
 from __future__ import annotations
 
-from pathlib import Path
-from urllib.parse import unquote
-
+from schemas.bounds import file_uri_path
 from schemas.job_spec import JobSpec
+from trainer.drafter.checkpoint import drafter_folder
 from trainer.errors import DraftsmithError
 from trainer.pipeline import RunConfig
 from trainer.training.config import WARM_START_PREFIX, TrainConfig
@@ -55,14 +54,13 @@ def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin"
 
 
 def drafter_dir(path: str) -> str:
-    """A drafter directory, or the drafter/ inside an exported artifact folder (what `draftsmith run`, the service
-    and publishing write)."""
-    nested = Path(path) / "drafter"
-    return str(nested) if (nested / "config.json").is_file() and not (Path(path) / "config.json").is_file() else path
+    """A drafter directory, or the drafter/ inside an exported artifact folder (trainer/drafter/checkpoint.py
+    `drafter_folder`); a folder holding neither is passed on as given, for loading it to say what is missing."""
+    return str(drafter_folder(path) or path)
 
 
 def _local(reference: str) -> str:
     if reference.startswith("file://"):
-        return unquote(reference.removeprefix("file://"))
+        return file_uri_path(reference)
     raise DraftsmithError(f"init.from_drafter {reference!r} is fetched by the service; locally, give a drafter "
                           "directory as file:///path (or submit the job with `draftsmith submit`)")

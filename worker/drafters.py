@@ -24,10 +24,12 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from domain.artifacts import artifact_named
 from domain.models import Artifact, Drafter, Job
 from domain.settings import Settings
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
 from schemas.validation_report import ValidationReport
+from trainer.drafter.checkpoint import drafter_folder, drafter_prefix
 from trainer.errors import DraftsmithError
 from worker.reporting import JobRecords
 from worker.sources import (PRIVATE_BUCKET_HINT, Caller, Resolved, StorageNotAllowed, _fetch_hub, local_file,
@@ -64,9 +66,10 @@ def resolve_drafter(reference: str, ctx, org_id: str) -> Resolved:
 
 
 def _drafter_dir(path: Path, reference: str) -> str:
-    for candidate in (path, path / "drafter"):
-        if (candidate / "config.json").is_file() and list(candidate.glob("*.safetensors")):
-            return str(candidate)
+    """The drafter the folder holds (trainer/drafter/checkpoint.py `drafter_folder`), or DrafterNotFound."""
+    folder = drafter_folder(path)
+    if folder is not None:
+        return str(folder)
     raise DrafterNotFound(f"drafter {reference}: no config.json and *.safetensors there (nor under drafter/); give a "
                           "drafter directory or an exported artifact folder")
 
@@ -101,11 +104,12 @@ def _from_s3(uri: str, settings: Settings, cache: Path, caller: Caller) -> Resol
         keys = {item["Key"][len(prefix) + 1 if prefix else 0:]: item for page in
                 client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
                 for item in page.get("Contents", [])}
-        nested = "drafter/" if "drafter/config.json" in keys and "config.json" not in keys else ""
+        nested = drafter_prefix(keys)  # the rule drafter_folder applies to a local folder
+        if nested is None:
+            raise DrafterNotFound(f"drafter {uri}: no config.json and *.safetensors under this prefix (nor under "
+                                  "drafter/)")
         wanted = [name for name in keys if name in (f"{nested}config.json", "report.json")
                   or (name.startswith(nested) and name.endswith(".safetensors") and "/" not in name[len(nested):])]
-        if f"{nested}config.json" not in wanted:
-            raise DrafterNotFound(f"drafter {uri}: no config.json under this prefix (nor under drafter/)")
         revision = hashlib.sha256("".join(sorted(n + keys[n]["ETag"] for n in wanted)).encode()).hexdigest()[:16]
         local = cache / "s3" / f"{hashlib.sha256(uri.encode()).hexdigest()[:16]}-{revision}"
         for name in wanted:
@@ -138,14 +142,12 @@ def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
     sources, prepared = work("sources.json"), work("prepare.json")
     report = ValidationReport.read(work("report.json"))
     generated, trained = work("stages/generate.json"), work("stages/train.json")
-    manifest_key = session.scalar(select(Artifact.storage_key).where(Artifact.job_id == job.id,
-                                                                     Artifact.name == "manifest.json"))
-    config_key = session.scalar(select(Artifact.storage_key).where(Artifact.job_id == job.id,
-                                                                   Artifact.name == "drafter/config.json"))
-    if manifest_key is None or config_key is None:
+    manifest = artifact_named(session, job.id, "manifest.json")
+    config = artifact_named(session, job.id, "drafter/config.json")
+    if manifest is None or config is None:
         raise DraftsmithError("the job has no exported manifest.json and drafter/config.json to record")
-    manifest_bytes = _read(ctx, manifest_key)
-    drafter_config = json.loads(_read(ctx, config_key))
+    manifest_bytes = _read(ctx, manifest.storage_key)
+    drafter_config = json.loads(_read(ctx, config.storage_key))
     dflash = drafter_config.get("dflash_config", {})
     data_keys = ctx.storage.list_keys(f"{prefix}/data")
     serving_block = report.recommended_block_size or drafter_config.get("block_size")

@@ -69,10 +69,10 @@ class JobRecords:
         return runner.record_drafter(self.session, self.job_id, **lineage)
 
 
-def record_usage(ctx: WorkerContext, job_id: str, stage: Stage, *, compute_seconds: float, tokens_generated: int,
-                 tokens_trained: int) -> None:
-    """A stage attempt's usage (worker/usage.py), in a session of its own: it is written however the attempt ended,
-    whatever state the attempt's session is in."""
+def record_usage_in_own_session(ctx: WorkerContext, job_id: str, stage: Stage, *, compute_seconds: float,
+                                tokens_generated: int, tokens_trained: int) -> None:
+    """A stage attempt's usage (worker/usage.py) through domain/runs.py `record_usage`, in a session of its own:
+    it is written however the attempt ended, whatever state the attempt's session is in."""
     with ctx.session_factory() as session:
         runner.record_usage(session, job_id, stage, compute_seconds=compute_seconds,
                             tokens_generated=tokens_generated, tokens_trained=tokens_trained)

@@ -40,11 +40,10 @@ from domain.storage_scope import (
     check_storage_uri,
     choose_hub_access,
     choose_s3_access,
-    file_uri_path,
     s3_secret_problems,
     tenant_for,
 )
-from schemas.bounds import resolved_path_within_roots
+from schemas.bounds import file_uri_path, resolved_path_within_roots
 from schemas.prompts import MAX_PROMPTS_PER_JOB
 from trainer.errors import DraftsmithError, StageInterrupted, TargetError
 
@@ -255,7 +254,7 @@ def local_file(uri: str, settings: Settings, what: str, caller: Caller) -> str:
     local storage root and the worker's cache (the scoping rule)."""
     try:
         path = os.path.realpath(file_uri_path(uri))
-    except StorageScopeError as exc:
+    except ValueError as exc:
         raise TargetNotAllowed(f"{what}: {exc}") from None
     # Checked again here, not only at admission: the link may have changed since, or point elsewhere on this disk.
     if not resolved_path_within_roots(path, settings.allowed_file_roots):

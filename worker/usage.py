@@ -14,7 +14,7 @@ from domain.jobs import load_stored_spec
 from domain.models import Job
 from schemas.stages import Stage
 from schemas.validation_plan import validation_tokens
-from worker.reporting import record_usage
+from worker.reporting import record_usage_in_own_session
 
 log = logging.getLogger("draftsmith.worker")
 
@@ -49,7 +49,7 @@ class StageUsage:
     def __exit__(self, *exc) -> None:
         seconds = (time.monotonic() - self.started) * self.devices
         try:
-            record_usage(self.ctx, self.job_id, self.stage, compute_seconds=round(seconds, 3),
-                         tokens_generated=self.tokens_generated, tokens_trained=self.tokens_trained)
+            record_usage_in_own_session(self.ctx, self.job_id, self.stage, compute_seconds=round(seconds, 3),
+                                        tokens_generated=self.tokens_generated, tokens_trained=self.tokens_trained)
         except Exception:  # usage must never fail (or mask the error of) the stage it describes
             log.warning("job %s: could not record the usage of stage %s", self.job_id, self.stage, exc_info=True)

@@ -27,11 +27,11 @@ import time
 from fastapi import APIRouter
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep
+from domain.artifacts import artifact_named
 from domain.jobs import get_job_for_org
-from domain.models import ApiKey, Artifact
+from domain.models import ApiKey
 from domain.errors import NotFound
 from api.problems import PayloadTooLarge
 from api.routes.job_data import artifact_response
@@ -98,7 +98,7 @@ def verify_download(settings: Settings, token: str, *, now: float | None = None)
 def create_download_link(principal: ReadPrincipal, session: SessionDep, services: ServicesDep,
                          body: DownloadLinkIn) -> DownloadLinkOut:
     job = get_job_for_org(session, principal.org_id, body.job_id)
-    if session.scalar(select(Artifact.id).where(Artifact.job_id == job.id, Artifact.name == body.name)) is None:
+    if artifact_named(session, job.id, body.name) is None:
         raise NotFound(f"job {job.id} has no artifact {body.name!r}")
     token = sign_download(services.settings, key_id=principal.key_id, job_id=job.id, name=body.name)
     return DownloadLinkOut(url=f"/dashboard/downloads/{token}", expires_in=LINK_TTL_SECONDS)
@@ -111,7 +111,7 @@ def follow_download_link(token: str, session: SessionDep, services: ServicesDep)
     if key is None or key.revoked_at is not None:  # revoking a key also kills its pending links
         raise NotFound("this download link is invalid or has expired; press Download again")
     job = get_job_for_org(session, key.org_id, str(claims.get("j")))
-    artifact = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.name == claims.get("n")))
+    artifact = artifact_named(session, job.id, str(claims.get("n")))
     if artifact is None:
         raise NotFound(f"job {job.id} has no artifact {claims.get('n')!r}")
     # no-store: the link itself is the credential; a shared cache must not keep the bytes behind it.
@@ -122,7 +122,7 @@ def follow_download_link(token: str, session: SessionDep, services: ServicesDep)
 def read_small_artifact(principal: ReadPrincipal, session: SessionDep, services: ServicesDep, job_id: str,
                         name: str) -> Response:
     job = get_job_for_org(session, principal.org_id, job_id)
-    artifact = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.name == name))
+    artifact = artifact_named(session, job.id, name)
     if artifact is None:
         raise NotFound(f"job {job.id} has no artifact {name!r}")
     if artifact.size_bytes > INLINE_MAX_BYTES:

@@ -6,6 +6,7 @@ reads it)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -56,6 +57,38 @@ def save_drafter(drafter: Drafter, out_dir: str | Path, dtype: torch.dtype = tor
         save_file(tensors, tmp, metadata={"format": "pt"})
     atomic_write_json(out_dir / "config.json", config)
     return out_dir
+
+
+def drafter_folder(path: str | Path) -> Path | None:
+    """The drafter a folder holds: the folder itself when it is a drafter (config.json and *.safetensors), else
+    its drafter/ when that is one (an exported artifact folder, as `draftsmith run`, the service and publishing
+    write it), else None. The one resolver (issue 34): the worker's warm starts and audits (worker/drafters.py),
+    the trainer's warm start (trainer/job_config.py) and the audit (trainer/audit.py) all read a folder this way.
+
+    Why this precedence. A reference names a directory; when that directory is itself a drafter it is what was
+    named, and drafter/ is the convenience for an export folder (whose top level holds README.md, report.json,
+    gguf/, never a config.json). Both parts of the test count: config.json alone is not a drafter, since a Hub
+    repo's root or a target's directory holds one without drafter weights; taking it (trainer/job_config.py did)
+    read a folder with no weights over the drafter under it. Taking drafter/ first (trainer/audit.py did) read a
+    nested copy over the drafter the caller named. Before this helper the worker, the trainer and the audit could
+    load different drafters from one folder; the worker's rule was the careful one, and is this one."""
+    path = Path(path)
+    names = [file.relative_to(path).as_posix() for folder in (path, path / "drafter") if folder.is_dir()
+             for file in folder.iterdir() if file.is_file()]
+    prefix = drafter_prefix(names)
+    return None if prefix is None else path / prefix
+
+
+def drafter_prefix(names: Iterable[str]) -> str | None:
+    """`drafter_folder`'s rule on the names of a folder's files ('/'-separated, relative to it: an S3 listing, a
+    Hub repo's): "" when the folder is a drafter, "drafter/" when its drafter/ is one, else None."""
+    names = set(names)
+    for prefix in ("", "drafter/"):
+        if f"{prefix}config.json" in names and any(
+                name.startswith(prefix) and name.endswith(".safetensors") and "/" not in name[len(prefix):]
+                for name in names):
+            return prefix
+    return None
 
 
 def read_drafter_config(path: str | Path) -> DrafterConfig:

@@ -14,10 +14,8 @@ and Qwen families).
 from __future__ import annotations
 
 import json
-import os
 import re
 import struct
-import uuid
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -26,6 +24,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from trainer.atomic import atomic_path
 from trainer.errors import DrafterError, TargetError
 from trainer.export.gguf_tokenizer import BPE_FAMILY, LLAMA_FAMILY, add_tokenizer_metadata
 
@@ -132,36 +131,32 @@ def write_gguf(drafter_dir: Path, target_dir: Path, out_path: Path, dtype: GGUFD
     target_config, target_arch = _check_target(target_dir)
 
     writer = gguf.GGUFWriter(path=None, arch=ARCH)
-    tmp_path = out_path.with_name(f".{out_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
     try:
-        for gguf_name, data, qtype in _converted_tensors(drafter_dir, dtype):
-            writer.add_tensor(gguf_name, data, raw_dtype=qtype)
-        if draft_vocab is not None:
-            ids, head = draft_vocab
-            rows = head[ids].detach().to(torch.float32).numpy()
-            qtype = storage_type("output.weight", rows.ndim, dtype)
-            writer.add_tensor("output.weight", gguf.quants.quantize(rows, qtype), raw_dtype=qtype)
-            writer.add_tensor("d2t", ids.to(torch.int64).numpy())
-        # Metadata in the converter's order: general.*, model parameters, quantization version, vocab.
-        writer.add_type(gguf.GGUFType.MODEL)
-        _general_metadata(writer, drafter_dir)
-        kv = OrderedMetadata()
-        _model_parameters(kv, hparams, dtype)
-        _dflash_parameters(kv, hparams, target_config)
-        kv.set("general.quantization_version", gguf.GGML_QUANT_VERSION, V.UINT32)
-        add_tokenizer_metadata(kv, hparams, target_dir, target_arch, tokenizer_pre)
-        kv.write_to(writer)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        writer.write_header_to_file(path=tmp_path)
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        with open(tmp_path, "rb") as written:
-            os.fsync(written.fileno())
-        os.replace(tmp_path, out_path)
+        with atomic_path(out_path) as tmp_path:  # fsynced and renamed (trainer/atomic.py)
+            for gguf_name, data, qtype in _converted_tensors(drafter_dir, dtype):
+                writer.add_tensor(gguf_name, data, raw_dtype=qtype)
+            if draft_vocab is not None:
+                ids, head = draft_vocab
+                rows = head[ids].detach().to(torch.float32).numpy()
+                qtype = storage_type("output.weight", rows.ndim, dtype)
+                writer.add_tensor("output.weight", gguf.quants.quantize(rows, qtype), raw_dtype=qtype)
+                writer.add_tensor("d2t", ids.to(torch.int64).numpy())
+            # Metadata in the converter's order: general.*, model parameters, quantization version, vocab.
+            writer.add_type(gguf.GGUFType.MODEL)
+            _general_metadata(writer, drafter_dir)
+            kv = OrderedMetadata()
+            _model_parameters(kv, hparams, dtype)
+            _dflash_parameters(kv, hparams, target_config)
+            kv.set("general.quantization_version", gguf.GGML_QUANT_VERSION, V.UINT32)
+            add_tokenizer_metadata(kv, hparams, target_dir, target_arch, tokenizer_pre)
+            kv.write_to(writer)
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            writer.write_header_to_file(path=tmp_path)
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
     except BaseException:
         writer.close()
-        tmp_path.unlink(missing_ok=True)
         raise
     return out_path
 

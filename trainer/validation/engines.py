@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from trainer.atomic import atomic_path
 from trainer.errors import StageInterrupted
 from trainer.validation import engine_paths
 from trainer.validation.engine_llama_cpp import NGRAM_SIZE_M, NGRAM_SIZE_N, LlamaRun, run_server
@@ -80,14 +81,15 @@ def compare(outputs: list[list[int]], reference: list[list[int]]) -> dict:
 
 def bundled_gguf(target) -> Path | None:
     """The quantised GGUF a bundled target was materialised from (trainer/targets/bundled.py), else None."""
-    from trainer.targets.bundled import BUNDLED, COMPLETE_MARKER, bundled_gguf_path
+    from schemas.job_spec import BUNDLED_TABLE
+    from trainer.targets.bundled import COMPLETE_MARKER, bundled_gguf_path
 
     marker = Path(target.path) / COMPLETE_MARKER if target.path else None
     if marker is None or not marker.is_file():
         return None
     name = marker.read_text().strip()
-    for bundled, (_, filename) in BUNDLED.items():
-        if filename == name:
+    for bundled, entry in BUNDLED_TABLE.items():
+        if entry.filename == name:
             try:
                 return bundled_gguf_path(bundled)
             except Exception:
@@ -103,11 +105,10 @@ def f16_target_gguf(target, out: Path) -> Path:
     if converter is None:
         raise FileNotFoundError("llama.cpp's convert_hf_to_gguf.py is not installed (bench/setup/llama_cpp.sh)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(converter / "gguf-py"), str(converter)])}
-    subprocess.run([sys.executable, str(converter / "convert_hf_to_gguf.py"), str(target.path), "--outtype", "f16",
-                    "--outfile", str(partial)], env=env, check=True, capture_output=True, timeout=600)
-    partial.rename(out)
+    with atomic_path(out) as partial:  # fsynced and renamed (trainer/atomic.py)
+        subprocess.run([sys.executable, str(converter / "convert_hf_to_gguf.py"), str(target.path), "--outtype",
+                        "f16", "--outfile", str(partial)], env=env, check=True, capture_output=True, timeout=600)
     return out
 
 
