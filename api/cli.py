@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import click
 from pydantic import ValidationError
 
@@ -31,7 +34,16 @@ def api(host: str, port: int, workers: int, reload: bool) -> None:
         require_current_schema(settings.database_url)
     except SchemaNotReady as exc:
         raise click.ClickException(str(exc)) from exc
-    uvicorn.run("api.main:app", host=host, port=port, workers=workers, reload=reload, proxy_headers=True)
+    from api.observability import PROCESS_COUNT_ENV, PROCESS_DIR_ENV
+
+    # The worker processes inherit these: a directory where each shows the others its capacity counters, and how
+    # many there are (/readyz lists every process's; api/observability.py ProcessBoard). Removed on exit.
+    with tempfile.TemporaryDirectory(prefix="draftsmith-api-") as processes:
+        os.environ[PROCESS_DIR_ENV], os.environ[PROCESS_COUNT_ENV] = processes, str(workers)
+        # http="httptools": uvicorn's C HTTP/1.1 parser (a base dependency), not the pure-Python h11 that plain
+        # `uvicorn` falls back to: it cost about a millisecond of CPU per request (issue 32).
+        uvicorn.run("api.main:app", host=host, port=port, workers=workers, reload=reload, proxy_headers=True,
+                    http="httptools")
 
 
 @click.group()

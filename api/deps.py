@@ -17,9 +17,9 @@ load). Cheap dependencies are `async def`: no thread hop for them.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -36,6 +36,9 @@ from domain.settings import Settings, load_settings
 from domain.storage import LocalStorage, S3Storage, storage_from_settings
 
 
+T = TypeVar("T")
+
+
 @dataclass
 class Services:
     settings: Settings
@@ -46,15 +49,19 @@ class Services:
     # Autocommit sessions for reads: authentication (a key lookup, at most a one-row update), GET routes and
     # SSE polls. Round trips are what a request costs here.
     read_session_factory: sessionmaker[Session] | None = None
+    # The same autocommit engine, for the hot read routes that use a plain Connection (`run_read`).
+    read_engine: Engine | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Services:
         engine = create_db_engine(settings.database_url, echo=settings.database_echo, limits=pool_limits(settings))
+        read_engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         return cls(
             settings=settings,
             engine=engine,
             session_factory=create_session_factory(engine),
-            read_session_factory=create_session_factory(engine.execution_options(isolation_level="AUTOCOMMIT")),
+            read_session_factory=create_session_factory(read_engine),
+            read_engine=read_engine,
             queue=queue_from_settings(settings),
             storage=storage_from_settings(settings),
         )
@@ -109,6 +116,21 @@ def read_sessions(services: Services) -> sessionmaker[Session]:
 
 
 READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+async def run_read(services: Services, work: Callable[..., T], *args: object) -> T:
+    """`work(connection, *args)` on a worker thread, with a connection of its own (autocommit, read-only use),
+    returned to the pool on that thread before the response is sent.
+
+    The hot read routes (issue 32) are `async def` and call this once: one thread hop for all of their database
+    work, and FastAPI then validates and serialises the response on the event loop. A sync route costs two hops
+    (the route, then FastAPI's response validation on another thread) plus the session dependency's work."""
+
+    def call() -> T:
+        with (services.read_engine or services.engine).connect() as connection:
+            return work(connection, *args)
+
+    return await anyio.to_thread.run_sync(call)
 
 
 async def get_session(request: Request, services: ServicesDep) -> AsyncIterator[Session]:

@@ -21,7 +21,13 @@ from api.admission import AdmissionCollector, AdmissionControlMiddleware, Admiss
 from api.dashboard import router as dashboard_router
 from api.deps import services_for
 from api.edge import JsonBodyMiddleware, refuse_control_characters
-from api.observability import ApiMetrics, BodySizeLimitMiddleware, RequestMetricsMiddleware
+from api.observability import (
+    PUBLISH_INTERVAL_SECONDS,
+    ApiMetrics,
+    BodySizeLimitMiddleware,
+    ProcessBoard,
+    RequestMetricsMiddleware,
+)
 from api.problems import PROBLEM_MEDIA_TYPE, UnhandledErrorMiddleware, install_problem_handlers
 from domain.redaction import install_log_redaction, register_secret_values, secret_setting_values
 from api.routes import audits, drafters, files, health, job_data, jobs, secrets, usage, webhooks
@@ -64,18 +70,28 @@ async def _webhook_loop(app: FastAPI) -> None:
             log.exception("webhook dispatch failed")
 
 
+async def _publish_loop(app: FastAPI) -> None:
+    """This process's capacity counters on the server's ProcessBoard, every few seconds: /readyz answered by any
+    worker process lists every process's (api/observability.py)."""
+    while True:
+        app.state.process_board.publish(app.state.admission.report())
+        await asyncio.sleep(PUBLISH_INTERVAL_SECONDS)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     services = services_for(app)  # fail fast at startup on bad settings
     configure_thread_limiter(services.settings)
     register_secret_values(*secret_setting_values(services.settings))
-    task = None
+    tasks = []
     if services.settings.webhook_dispatch_interval_seconds > 0:
-        task = asyncio.create_task(_webhook_loop(app))
+        tasks.append(asyncio.create_task(_webhook_loop(app)))
+    if app.state.process_board.directory is not None:
+        tasks.append(asyncio.create_task(_publish_loop(app)))
     try:
         yield
     finally:
-        if task is not None:
+        for task in tasks:
             task.cancel()
             try:
                 await task
@@ -176,6 +192,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.state.metrics = ApiMetrics(lambda: services_for(app))
     app.state.admission = AdmissionState()
+    app.state.process_board = ProcessBoard.from_environment()  # set by `draftsmith api` for its worker processes
     app.state.metrics.registry.register(AdmissionCollector(app.state.admission))
     # Outermost last. Admission checks the key, then receives the body whole (within the size limit and the
     # body deadline), then waits for a slot: a client trickling its body in, or without a key, holds no slot.

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -61,6 +65,75 @@ class ApiMetrics:
                                  ["method", "route"], registry=self.registry,
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60))
         self.registry.register(DatabaseCollector(services_getter))
+
+
+# Set by `draftsmith api` (api/cli.py) for the worker processes it starts: a directory of their own, and how many.
+PROCESS_DIR_ENV = "DRAFTSMITH_API_PROCESS_DIR"
+PROCESS_COUNT_ENV = "DRAFTSMITH_API_PROCESSES"
+PUBLISH_INTERVAL_SECONDS = 2.0
+_COUNTERS = ("in_progress", "waiting", "refused_total", "unauthenticated_total", "body_timeouts_total")
+
+
+class ProcessBoard:
+    """Where the API processes of one server (`draftsmith api --workers N`) show each other their capacity counters.
+
+    Each process keeps its own counters (uvicorn forks the workers; the kernel hands each connection to one of
+    them), so `/readyz` from one process alone says nothing about the others. Every process writes its snapshot
+    to `<directory>/<pid>.json` (at each `/readyz` and every PUBLISH_INTERVAL_SECONDS), and `/readyz` reads them
+    all: the answering process's own numbers, fresh, and every other live process's as it last wrote them, with
+    their age. Files of processes that are gone (uvicorn replaces a dead worker) are removed. Without a directory
+    (the app served by plain `uvicorn`, or a test client) the board knows this process only."""
+
+    def __init__(self, directory: str | None, configured: int | None) -> None:
+        self.directory = Path(directory) if directory else None
+        self.configured = configured
+
+    @classmethod
+    def from_environment(cls) -> ProcessBoard:
+        count = os.environ.get(PROCESS_COUNT_ENV, "")
+        return cls(os.environ.get(PROCESS_DIR_ENV) or None, int(count) if count.isdigit() else None)
+
+    def publish(self, snapshot: dict[str, Any]) -> None:
+        if self.directory is None:
+            return
+        try:
+            with tempfile.NamedTemporaryFile("w", dir=self.directory, prefix=".", suffix=".tmp", delete=False) as out:
+                json.dump({**snapshot, "published_at": time.time()}, out)
+            os.replace(out.name, self.directory / f"{snapshot['pid']}.json")  # readers never see half a file
+        except OSError:
+            log.warning("could not publish this process's counters to %s", self.directory, exc_info=True)
+
+    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+        """Every API process's counters (this one's `own`, fresh), by pid, and their totals."""
+        self.publish(own)
+        processes = {own["pid"]: {**own, "age_seconds": 0.0}}
+        now = time.time()
+        for path in sorted(self.directory.glob("*.json")) if self.directory is not None else []:
+            try:
+                pid = int(path.stem)
+                if pid in processes:
+                    continue
+                if not _alive(pid):
+                    path.unlink(missing_ok=True)
+                    continue
+                snapshot = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # not ours, or just replaced: the next report reads it
+            published = snapshot.pop("published_at", now)
+            processes[pid] = {**snapshot, "age_seconds": round(max(0.0, now - published), 3)}
+        reporting = [processes[pid] for pid in sorted(processes)]
+        return {"answered_by": own["pid"], "configured": self.configured, "reporting": reporting,
+                "totals": {name: sum(int(p.get(name, 0)) for p in reporting) for name in _COUNTERS}}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class RequestMetricsMiddleware:

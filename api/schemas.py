@@ -264,7 +264,8 @@ class SlowClientOut(BaseModel):
 class CapacityOut(BaseModel):
     """This API process's admission control (api/admission.py): how busy it is, and who has been refused. Every
     number is the answering process's own (`pid`): under `draftsmith api --workers N` each process counts for
-    itself, and a request reaches whichever one the kernel hands it to."""
+    itself, and a request reaches whichever one the kernel hands it to. `/readyz`'s `processes` lists every
+    process's counters, and their totals."""
 
     pid: int = Field(description="The API process whose counters these are. With several workers, successive "
                      "answers may come from different processes; group them by pid before comparing or adding.")
@@ -281,10 +282,29 @@ class CapacityOut(BaseModel):
     slow_clients: list[SlowClientOut] = Field(description="The clients with the most body timeouts.")
 
 
+class ProcessCapacityOut(CapacityOut):
+    age_seconds: float = Field(description="How long ago that process wrote these numbers: 0 for the process that "
+                               "answered; the others write theirs every 2 s (and at each /readyz they answer).")
+
+
+class ProcessesOut(BaseModel):
+    """Every API process of this server (`draftsmith api --workers N`): each keeps its own counters, so `capacity`
+    is one process's; this lists them all, as each last wrote them, and adds them up."""
+
+    answered_by: int = Field(description="The pid of the process that answered (as `capacity.pid`).")
+    configured: int | None = Field(description="Worker processes the server was started with (`draftsmith api "
+                                   "--workers`); null when it was not started by `draftsmith api`, and then "
+                                   "`reporting` lists the answering process only.")
+    reporting: list[ProcessCapacityOut] = Field(description="One entry per live API process, by pid.")
+    totals: dict[str, int] = Field(description="`in_progress`, `waiting`, `refused_total`, `unauthenticated_total` "
+                                   "and `body_timeouts_total` summed over `reporting`.")
+
+
 class ReadinessOut(BaseModel):
     status: Literal["ready"]
     checks: dict[str, str]
     capacity: CapacityOut | None = None
+    processes: ProcessesOut | None = None
 
 
 class DrafterTarget(BaseModel):

@@ -12,10 +12,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sqlalchemy import Row, select, update
+from sqlalchemy import Connection, Row, bindparam, select, true, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
+from domain.errors import NotFound
 from domain.models import Job, JobEvent, utcnow
 
 EVENT_TYPES = (
@@ -80,13 +81,42 @@ EVENT_COLUMNS = (JobEvent.seq, JobEvent.created_at, JobEvent.type, JobEvent.leve
                  JobEvent.progress, JobEvent.data)
 
 
-def events_after(session: Session, job_id: str, after_seq: int, limit: int) -> list[Row[Any]]:
+# Built once, with bound parameters (building these SELECTs cost up to 250 us of CPU per request).
+_EVENTS_AFTER = (
+    select(*EVENT_COLUMNS)
+    .where(JobEvent.job_id == bindparam("job_id"), JobEvent.seq > bindparam("after_seq"))
+    .order_by(JobEvent.seq)
+    .limit(bindparam("limit"))
+)
+_PAGE = _EVENTS_AFTER.subquery("page")
+_JOB_EVENTS_PAGE = (
+    select(Job.id, Job.status, Job.event_seq, *(_PAGE.c[column.key] for column in EVENT_COLUMNS))
+    .select_from(Job)
+    .outerjoin(_PAGE, true())
+    .where(Job.id == bindparam("job_id"), Job.org_id == bindparam("org_id"))
+    .order_by(_PAGE.c.seq)
+)
+
+
+def events_after(session: Session | Connection, job_id: str, after_seq: int, limit: int) -> list[Row[Any]]:
     """Events of one job with seq > after_seq, oldest first: read-only rows with the attributes of JobEvent
     named in EVENT_COLUMNS (seq, created_at, type, level, stage, message, progress, data)."""
-    query = (
-        select(*EVENT_COLUMNS)
-        .where(JobEvent.job_id == job_id, JobEvent.seq > after_seq)
-        .order_by(JobEvent.seq)
-        .limit(limit)
-    )
-    return list(session.execute(query))
+    # .all(): one fetch of every row (iterating a result fetches row by row).
+    return session.execute(_EVENTS_AFTER, {"job_id": job_id, "after_seq": after_seq, "limit": limit}).all()
+
+
+def job_events_page(
+    db: Session | Connection, org_id: str, job_id: str, after_seq: int, limit: int
+) -> tuple[Row[Any], list[Row[Any]]]:
+    """The job's state (`id`, `status`, `event_seq`, as `domain.jobs.job_state_for_org`) and `events_after(job,
+    after_seq, limit)`, in one round trip; the same 404 when the job is not the organisation's.
+
+    The events are a derived table (index order, stops after `limit`) LEFT JOINed to the job's row, so a job
+    without such events still answers its state, and the events of another organisation's job are never
+    returned (the job's row filters them out). One statement also sees one snapshot: the state and the events
+    agree."""
+    rows = db.execute(_JOB_EVENTS_PAGE, {"job_id": job_id, "org_id": org_id, "after_seq": after_seq,
+                                         "limit": limit}).all()
+    if not rows:
+        raise NotFound(f"no job {job_id!r} in your organisation")
+    return rows[0], [row for row in rows if row.seq is not None]

@@ -1,5 +1,6 @@
 """/healthz (process alive), /readyz (database reachable and migrated, broker reachable; this process's capacity:
-slots in use, requests waiting, refusals, slow clients), /metrics."""
+slots in use, requests waiting, refusals, slow clients; and every API process's, api/observability.py
+ProcessBoard), /metrics."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from domain.db import ping as ping_database
 from api.deps import services_for
 from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE, problem_responses
 from domain.redaction import redact_text
-from api.schemas import CapacityOut, HealthOut, ReadinessOut
+from api.schemas import CapacityOut, HealthOut, ProcessesOut, ReadinessOut
 from migrations.revisions import check_schema_is_current
 
 router = APIRouter(tags=["health"])
@@ -64,13 +65,17 @@ async def readyz(request: Request) -> Any:
     checks = dict(await asyncio.gather(database, schema, broker))
     admission = getattr(request.app.state, "admission", None)
     capacity = CapacityOut.model_validate(admission.report()) if admission is not None else None
+    board = getattr(request.app.state, "process_board", None)
+    processes = (ProcessesOut.model_validate(board.report(capacity.model_dump()))
+                 if board is not None and capacity is not None else None)
     if all(value in ("ok", "disabled") for value in checks.values()):
-        return ReadinessOut(status="ready", checks=checks, capacity=capacity)
+        return ReadinessOut(status="ready", checks=checks, capacity=capacity, processes=processes)
     failing = ", ".join(f"{name} ({value})" for name, value in checks.items() if value not in ("ok", "disabled"))
     return JSONResponse(
         {"type": PROBLEM_TYPE_BASE + "not-ready", "title": "Not ready", "status": 503,
          "detail": f"unreachable: {failing}", "instance": request.url.path, "checks": checks,
-         "capacity": capacity.model_dump() if capacity else None},
+         "capacity": capacity.model_dump() if capacity else None,
+         "processes": processes.model_dump() if processes else None},
         status_code=503, media_type=PROBLEM_MEDIA_TYPE,
     )
 

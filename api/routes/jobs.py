@@ -6,8 +6,9 @@ import re
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from sqlalchemy import Connection
 
-from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
+from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal, run_read
 from api.estimates import GPU_CLASSES, estimate_job
 from domain.jobs import (
     JOB_ID_RE,
@@ -15,7 +16,7 @@ from domain.jobs import (
     cancel_job,
     check_job_spec,
     create_job,
-    get_job_for_org,
+    job_row_for_org,
     list_jobs,
     parse_job_spec,
     resume_job,
@@ -98,9 +99,9 @@ def create(
 
 @router.get("", response_model=JobList, summary="List jobs, newest first",
             responses=problem_responses(401, 403, 422))
-def list_(
+async def list_(
     principal: ReadPrincipal,
-    session: SessionDep,
+    services: ServicesDep,
     status: Annotated[list[StatusFilter] | None, Query(description="Keep jobs in any of these states.")] = None,
     label: Annotated[
         list[str] | None, Query(description="`key:value`; repeat to require several labels.", max_length=16)
@@ -120,9 +121,14 @@ def list_(
     if after is not None and not JOB_ID_RE.match(after):
         raise InvalidRequest("`after` must be a job id taken from next_cursor",
                              errors=[FieldError(field="after", message="not a job id")])
-    jobs, has_more = list_jobs(session, principal.org_id, statuses=list(status or []), labels=labels,
-                               limit=limit, after=after)
-    return JobList(data=jobs_to_out(session, jobs), has_more=has_more,
+    # Hot read route (issue 32): async, with its database work in one thread hop (api/deps.py run_read).
+    return await run_read(services, _job_page, principal.org_id, list(status or []), labels, limit, after)
+
+
+def _job_page(db: Connection, org_id: str, statuses: list[str], labels: list[tuple[str, str]], limit: int,
+              after: str | None) -> JobList:
+    jobs, has_more = list_jobs(db, org_id, statuses=statuses, labels=labels, limit=limit, after=after)
+    return JobList(data=jobs_to_out(db, jobs), has_more=has_more,
                    next_cursor=jobs[-1].id if has_more and jobs else None)
 
 
@@ -153,8 +159,12 @@ def estimate(
 
 
 @router.get("/{job_id}", response_model=JobOut, summary="Get a job", responses=problem_responses(401, 403, 404))
-def get(principal: ReadPrincipal, session: SessionDep, job_id: str) -> JobOut:
-    return jobs_to_out(session, [get_job_for_org(session, principal.org_id, job_id)])[0]
+async def get(principal: ReadPrincipal, services: ServicesDep, job_id: str) -> JobOut:
+    return await run_read(services, _job, principal.org_id, job_id)  # one thread hop (api/deps.py run_read)
+
+
+def _job(db: Connection, org_id: str, job_id: str) -> JobOut:
+    return jobs_to_out(db, [job_row_for_org(db, org_id, job_id)])[0]
 
 
 @router.post(

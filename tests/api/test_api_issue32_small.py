@@ -1,11 +1,16 @@
 """Issue 32's smaller API items: a 405 lists every method of its path, the unknown-drafter 404s are in the OpenAPI
 document, a queued job whose broker message was lost can be resumed, a missing field says what to put there, and
-/readyz names the process whose counters it reports."""
+/readyz names the process whose counters it reports and lists every API process's, and `draftsmith api` serves
+with uvicorn's C HTTP parser."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
+import time
 from datetime import timedelta
 
 from sqlalchemy import update
@@ -105,3 +110,74 @@ def test_readyz_names_the_process_whose_counters_it_reports(sqlite_harness):
     assert capacity["pid"] == os.getpid()  # the TestClient serves in this process
     schema = sqlite_harness.client.get("/openapi.json").json()["components"]["schemas"]["CapacityOut"]
     assert "pid" in schema["required"] and "each process counts" in schema["description"]
+
+
+def test_readyz_lists_every_api_process_with_totals(sqlite_harness, tmp_path):
+    """Under `draftsmith api --workers N` each process counts for itself; /readyz answered by any one of them lists
+    every live process's counters (as each last wrote them to the server's ProcessBoard) and adds them up."""
+    from api.observability import ProcessBoard
+
+    board_dir = tmp_path / "processes"
+    board_dir.mkdir()
+    sqlite_harness.client.app.state.process_board = ProcessBoard(str(board_dir), 2)
+    sibling = os.getppid()  # a live process other than this one, standing in for the second worker
+    (board_dir / f"{sibling}.json").write_text(json.dumps({
+        "pid": sibling, "slots": 16, "in_progress": 1, "waiting": 0, "saturated": False, "refused_total": 3,
+        "unauthenticated_total": 2, "body_timeouts_total": 1, "slow_clients": [], "published_at": time.time() - 1.5}))
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = int(finished.stdout)  # a worker that died: uvicorn replaced it, its file goes
+    (board_dir / f"{gone}.json").write_text(json.dumps({"pid": gone, "refused_total": 100}))
+    assert sqlite_harness.client.get("/v1/jobs").status_code == 401  # counted by this process
+
+    ready = sqlite_harness.client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    body = ready.json()
+    processes = body["processes"]
+    assert processes["answered_by"] == body["capacity"]["pid"] == os.getpid()
+    assert processes["configured"] == 2
+    by_pid = {entry["pid"]: entry for entry in processes["reporting"]}
+    assert sorted(by_pid) == sorted([os.getpid(), sibling])
+    assert by_pid[os.getpid()]["age_seconds"] == 0 and by_pid[os.getpid()]["unauthenticated_total"] >= 1
+    assert 1.0 <= by_pid[sibling]["age_seconds"] < 60 and by_pid[sibling]["refused_total"] == 3
+    own = by_pid[os.getpid()]
+    assert processes["totals"]["refused_total"] == own["refused_total"] + 3
+    assert processes["totals"]["unauthenticated_total"] == own["unauthenticated_total"] + 2
+    assert not (board_dir / f"{gone}.json").exists()
+    # This process published its own numbers for the others to read.
+    assert json.loads((board_dir / f"{os.getpid()}.json").read_text())["pid"] == os.getpid()
+    schema = sqlite_harness.client.get("/openapi.json").json()["components"]["schemas"]
+    assert "processes" in schema["ReadinessOut"]["properties"] and "ProcessesOut" in schema
+
+
+def test_readyz_without_a_process_board_reports_this_process_only(sqlite_harness):
+    """Served without `draftsmith api` (plain uvicorn, a test client): no board directory, one process listed."""
+    processes = sqlite_harness.client.get("/readyz").json()["processes"]
+    assert processes["configured"] is None and [p["pid"] for p in processes["reporting"]] == [os.getpid()]
+
+
+def test_draftsmith_api_uses_httptools_and_gives_its_workers_a_process_board(tmp_path, monkeypatch):
+    """`draftsmith api` serves with uvicorn's C HTTP parser (issue 32: h11 cost ~1 ms of CPU a request) and tells
+    the worker processes where to show each other their counters, and how many they are."""
+    import uvicorn
+    from click.testing import CliRunner
+
+    import api.cli
+    from api.observability import PROCESS_COUNT_ENV, PROCESS_DIR_ENV
+
+    seen = {}
+
+    def run(app, **kwargs):
+        seen.update(kwargs, app=app, directory=os.environ[PROCESS_DIR_ENV], count=os.environ[PROCESS_COUNT_ENV])
+        seen["existed"] = os.path.isdir(seen["directory"])
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    monkeypatch.setattr("migrations.revisions.require_current_schema", lambda url: None)
+    monkeypatch.setenv("DRAFTSMITH_ENV", "development")
+    monkeypatch.setenv("DRAFTSMITH_DATABASE_URL", f"sqlite:///{tmp_path / 'db.sqlite'}")
+    monkeypatch.delenv(PROCESS_DIR_ENV, raising=False)
+    monkeypatch.delenv(PROCESS_COUNT_ENV, raising=False)
+    result = CliRunner().invoke(api.cli.api, ["--port", "8765", "--workers", "3"])
+    assert result.exit_code == 0, result.output
+    assert seen["app"] == "api.main:app" and seen["http"] == "httptools" and seen["workers"] == 3
+    assert seen["count"] == "3" and seen["existed"] and not os.path.exists(seen["directory"])  # removed on exit
+    import httptools  # noqa: F401 - a base dependency (pyproject.toml), so `http="httptools"` always starts
