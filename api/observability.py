@@ -128,11 +128,11 @@ class ProcessBoard:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # PermissionError: alive, another user's
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 

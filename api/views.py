@@ -1,7 +1,6 @@
 """Response bodies built from domain rows: the HTTP layer's view of jobs, drafters and audits.
 
-The domain (domain/jobs.py, domain/drafters.py, domain/audits.py; `domain/` once the house plan moves them) returns
-rows; the response models live in api/schemas.py; this module is the one place that turns one into the other.
+The domain (domain/jobs.py, domain/drafters.py, domain/audits.py) returns rows; the response models live in api/schemas.py; this module is the one place that turns one into the other.
 """
 
 from __future__ import annotations

@@ -103,10 +103,15 @@ class DataStore:
         return self._shard(index).is_file()
 
     def shard_tokens(self, index: int) -> int:
+        return sum(len(response) for response in self.shard_responses(index))
+
+    def shard_responses(self, index: int) -> Iterator[list[int]]:
+        """Each of a shard's examples' response tokens, in row order (its token columns only)."""
         import pyarrow.parquet as pq
 
-        table = pq.read_table(self._shard(index), columns=["input_ids", "prompt_len"]).to_pydict()
-        return sum(len(ids) - n for ids, n in zip(table["input_ids"], table["prompt_len"], strict=True))
+        table = pq.read_table(self._shard(index), columns=["input_ids", "prompt_len"])
+        for ids, prompt_len in zip(table.column("input_ids"), table.column("prompt_len"), strict=True):
+            yield ids.as_py()[prompt_len.as_py():]
 
     def write_shard(self, index: int, examples: list[Example]) -> list[Path]:
         """Write one shard; return its files in the order written (the parquet file, which marks it whole, last)."""
@@ -166,12 +171,8 @@ class DataStore:
 
     def responses(self) -> Iterator[list[int]]:
         """Each example's response tokens, in store order, a shard at a time (no hidden states read)."""
-        import pyarrow.parquet as pq
-
         for index in self.shard_indices():
-            table = pq.read_table(self._shard(index), columns=["input_ids", "prompt_len"])
-            for ids, prompt_len in zip(table.column("input_ids"), table.column("prompt_len"), strict=True):
-                yield ids.as_py()[prompt_len.as_py():]
+            yield from self.shard_responses(index)
 
     def _tap_columns(self, tap_layer_ids: list[int] | None) -> list[int] | None:
         stored = list(self.meta.get("tap_layer_ids") or [])
