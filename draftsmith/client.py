@@ -9,6 +9,11 @@
 Errors come back as `ApiError` carrying the problem+json body (status, detail, the fields at fault). The
 event stream reconnects by itself after a dropped connection, resuming after the last event received.
 Only httpx and the standard library: no ML stack needed to drive the service.
+
+A download trusts nothing the server sends: an artifact's name must be a plain relative path that resolves
+inside the download directory (`artifact_destination`), the API key goes only to the API's own origin
+(`Client._get`: a presigned URL elsewhere is fetched with no key at all), and a file is renamed into place only
+after its sha256 matched.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from contextlib import contextmanager
+from pathlib import Path, PureWindowsPath
 from typing import Any
 
 import httpx
@@ -28,6 +34,9 @@ from trainer.atomic import atomic_path
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 DEFAULT_URL = "http://127.0.0.1:8000"
+MAX_REDIRECTS = 10
+DEFAULT_PORTS = {"http": 80, "https": 443}
+DOWNLOAD_TIMEOUT = httpx.Timeout(30.0, read=300.0)
 
 
 class ApiError(Exception):
@@ -43,18 +52,66 @@ class Unreachable(Exception):
 
 
 class DownloadError(Exception):
-    """A downloaded artifact does not match its recorded sha256 or the manifest."""
+    """A download refused or failed: an artifact does not match its recorded sha256 or the manifest, its name
+    would land outside the download directory, or the server named a URL that is not one to fetch."""
+
+
+def origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    """Scheme, host and port (the scheme's default when the URL names none): what must match for a request to
+    carry the API key."""
+    return url.scheme, url.host, url.port or DEFAULT_PORTS.get(url.scheme)
+
+
+def artifact_name_problem(name: object) -> str | None:
+    """Why `name` (as the server sent it) is no relative path of plain '/'-separated segments, or None."""
+    if not isinstance(name, str) or not name:
+        return "is empty" if name == "" else "is not a string"
+    if any(ord(char) < 32 or char == "\x7f" for char in name):
+        return "contains a control character (NUL, newline, ...)"
+    if "\\" in name:
+        return "contains a backslash"
+    if name.startswith("/"):
+        return "is an absolute path"
+    if PureWindowsPath(name).drive:
+        return "names a drive"
+    segments = name.split("/")
+    if ".." in segments:
+        return "has a '..' segment"
+    if "" in segments or "." in segments:
+        return "has an empty or '.' segment"
+    return None
+
+
+def artifact_destination(directory: str | Path, name: object) -> Path:
+    """Where artifact `name` is written below `directory`, or DownloadError naming it. The name is checked by its
+    spelling (`artifact_name_problem`) and then by where it resolves: with symbolic links followed (a link already
+    in the directory may point anywhere), it must lie strictly inside the resolved directory."""
+    if problem := artifact_name_problem(name):
+        raise DownloadError(f"artifact {name!r}: refused, its name {problem} (artifacts are written only inside "
+                            "the download directory)")
+    root = Path(directory).resolve()
+    target = (root / name).resolve()
+    if target == root or not target.is_relative_to(root):
+        raise DownloadError(f"artifact {name!r}: refused, it resolves to {target}, outside {root}")
+    return target
 
 
 class Client:
-    def __init__(self, url: str | None = None, api_key: str | None = None, *, timeout: float = 30.0):
+    def __init__(self, url: str | None = None, api_key: str | None = None, *, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None):
         self.url = (url or os.environ.get("DRAFTSMITH_URL") or DEFAULT_URL).rstrip("/")
         key = api_key or os.environ.get("DRAFTSMITH_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        # For URLs on any other origin (presigned object-storage URLs): a client of its own, so that neither the
+        # key's header nor the API's cookies can be inherited by a request elsewhere.
+        self.anonymous = httpx.Client(timeout=timeout, transport=transport)
+        self.origin = origin(httpx.URL(self.url))
+        self.timeout = httpx.Timeout(timeout)
 
     def close(self) -> None:
         self.http.close()
+        self.anonymous.close()
 
     def __enter__(self) -> Client:
         return self
@@ -111,7 +168,8 @@ class Client:
         if artifact is None:
             return None
         try:
-            response = self.http.get(artifact["download_path"], follow_redirects=True)  # S3 storage answers 307
+            with self._get(artifact["download_path"], what="report.json") as response:  # S3 storage answers 307
+                response.read()
         except httpx.TransportError as error:
             raise Unreachable(f"report.json of {job_id} did not arrive from {self.url} ({error})") from None
         if response.status_code >= 400:
@@ -194,32 +252,103 @@ class Client:
     def download(self, job_id: str, directory: str | Path, *,
                  on_progress: Callable[[dict, int], None] | None = None) -> Path:
         """Every artifact of the job into `directory` (same relative names), each checked against its sha256,
-        then the whole set against manifest.json. Raises DownloadError on any mismatch. `on_progress(artifact,
-        bytes)` follows each chunk written (a progress bar: the artifact carries `size_bytes`)."""
+        then the whole set against manifest.json. Raises DownloadError on any mismatch, and before writing
+        anything when a name would land outside `directory`. `on_progress(artifact, bytes)` follows each chunk
+        written (a progress bar: the artifact carries `size_bytes`)."""
         directory = Path(directory)
-        for artifact in self.artifacts(job_id):
-            path = directory / artifact["name"]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(path) as partial:  # removed unless it is whole and checked (trainer/atomic.py)
-                try:
-                    with self.http.stream("GET", artifact["download_path"], follow_redirects=True,
-                                          timeout=httpx.Timeout(30.0, read=300.0)) as response:
-                        if response.status_code >= 400:
-                            response.read()
-                            raise ApiError(response.status_code, _problem(response))
-                        with partial.open("wb") as out:
-                            for chunk in response.iter_bytes(1 << 20):
-                                out.write(chunk)
-                                if on_progress:
-                                    on_progress(artifact, len(chunk))
-                except httpx.TransportError as error:  # cut short (a dropped connection, a stored file gone short)
-                    raise DownloadError(f"{artifact['name']}: the transfer broke off ({error}); nothing of it was "
-                                        "kept, run the download again") from None
-                if sha256_file(partial) != artifact["sha256"]:
-                    raise DownloadError(f"{artifact['name']}: sha256 differs from the recorded {artifact['sha256']}")
-        if (directory / "manifest.json").is_file() and (problems := verify_manifest(directory)):
+        artifacts = self.artifacts(job_id)
+        try:  # every name first: one bad name, and nothing at all is written
+            destinations = [artifact_destination(directory, artifact.get("name")) for artifact in artifacts]
+        except DownloadError as error:
+            raise DownloadError(f"{error}; nothing was downloaded") from None
+        for artifact, path in zip(artifacts, destinations, strict=True):
+            self._download_artifact(artifact, path, on_progress)
+        if (directory / "manifest.json").is_file() and (problems := _manifest_problems(directory)):
             raise DownloadError("download does not match manifest.json: " + "; ".join(problems))
         return directory
+
+    def _download_artifact(self, artifact: dict, path: Path, on_progress: Callable[[dict, int], None] | None) -> None:
+        """One artifact to `path` (already checked): written to a temporary sibling, renamed into place only when
+        its sha256 matched (trainer/atomic.py removes the sibling otherwise)."""
+        name = artifact["name"]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(path) as partial:
+                with self._get(artifact.get("download_path"), what=name, timeout=DOWNLOAD_TIMEOUT) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        raise ApiError(response.status_code, _problem(response))
+                    with partial.open("wb") as out:
+                        for chunk in response.iter_bytes(1 << 20):
+                            out.write(chunk)
+                            if on_progress:
+                                on_progress(artifact, len(chunk))
+                if sha256_file(partial) != artifact.get("sha256"):
+                    raise DownloadError(f"{name}: sha256 differs from the recorded {artifact.get('sha256')}; "
+                                        "nothing of it was kept")
+        except httpx.TransportError as error:  # cut short (a dropped connection, a stored file gone short)
+            raise DownloadError(f"{name}: the transfer broke off ({error}); nothing of it was kept, run the "
+                                "download again") from None
+        except OSError as error:  # a name that is a file here and a folder there, a full disk
+            raise DownloadError(f"{name}: cannot write {path} ({error})") from None
+
+    @contextmanager
+    def _get(self, location: object, *, what: str, timeout: httpx.Timeout | None = None) -> Iterator[httpx.Response]:
+        """GET `location` (a path under the API, or a URL the server named), streamed. The API key goes only to
+        the API's own origin (`origin`: scheme, host, port): a URL elsewhere (a presigned S3 URL) is fetched by
+        `self.anonymous`, with no key and no cookies. Redirects are followed here, not by httpx, which keeps
+        Authorization on an http->https redirect to the same host; once a redirect has left the API's origin,
+        no later hop carries the key, even one that comes back."""
+        url = self._absolute(location, what)
+        trusted = True
+        for _ in range(MAX_REDIRECTS + 1):
+            trusted = trusted and origin(url) == self.origin
+            client = self.http if trusted else self.anonymous
+            with client.stream("GET", url, follow_redirects=False, timeout=timeout or self.timeout) as response:
+                if not response.is_redirect:
+                    yield response
+                    return
+                url = self._absolute(response.headers["location"], what, base=url)
+        raise DownloadError(f"{what}: more than {MAX_REDIRECTS} redirects")
+
+    def _absolute(self, location: object, what: str, *, base: httpx.URL | None = None) -> httpx.URL:
+        """`location` as an http(s) URL: a redirect's relative to the URL that answered it; the server's own
+        download path below the base URL, as httpx joins a path to `base_url`."""
+        if not isinstance(location, str) or not location:
+            raise DownloadError(f"{what}: the server gave no download path")
+        try:
+            given = httpx.URL(location)
+        except httpx.InvalidURL as error:
+            raise DownloadError(f"{what}: the server named {location!r} to download from ({error})") from None
+        if base is not None:
+            url = base.join(given)
+        elif given.scheme or given.host:  # a URL of its own, or '//host/path'
+            url = httpx.URL(self.url).join(given)
+        else:
+            url = httpx.URL(f"{self.url}/{location.lstrip('/')}")
+        if url.scheme not in DEFAULT_PORTS or not url.host:
+            raise DownloadError(f"{what}: the server named {location!r} to download from, not an http(s) URL")
+        return url
+
+
+def _manifest_problems(directory: Path) -> list[str]:
+    """verify_manifest's problems, after checking that manifest.json (a file the server sent) is a manifest whose
+    paths all stay inside `directory`: verification reads every file it lists."""
+    try:
+        listed = json.loads((directory / "manifest.json").read_text())["files"]
+        names = list(listed) if isinstance(listed, dict) else None
+    except (ValueError, KeyError, TypeError):
+        names = None
+    if names is None:
+        return ["manifest.json is not a manifest ({\"files\": {path: {\"sha256\", \"bytes\"}}})"]
+    try:
+        for name in names:
+            artifact_destination(directory, name)
+        return verify_manifest(directory)
+    except DownloadError as error:
+        return [f"manifest.json lists {error}"]
+    except (KeyError, TypeError):
+        return ["manifest.json is not a manifest (an entry without its sha256 and bytes)"]
 
 
 def _problem(response: httpx.Response) -> dict[str, Any]:

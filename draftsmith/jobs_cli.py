@@ -8,7 +8,8 @@
 The filters are GET /v1/jobs's own: `--status` repeatable (any of), `--label key:value` repeatable (all of).
 `download` is the download of `submit --download` (draftsmith/submit.py download_artifacts): the same checks
 against each artifact's recorded sha256 and manifest.json, the same progress bar. Exit 1 with one line naming
-the problem when the server refuses (an unknown job is 404) or a file fails verification.
+the problem when the server refuses (an unknown job is 404), the job has not succeeded (its status and stage, and
+what to run instead), an artifact's name would land outside --out, or a file fails verification.
 """
 
 from __future__ import annotations
@@ -91,9 +92,30 @@ def download(url, api_key, job_id, out_dir) -> None:
     directory = out_dir or Path(job_id)
     with Client(url, api_key) as client:
         try:
+            job = client.job(job_id)
+            if job["status"] != "succeeded":
+                raise click.ClickException(_not_finished(job, directory))
             download_artifacts(client, job_id, directory)
         except (ApiError, Unreachable) as error:
             raise click.ClickException(str(error)) from None
         except DownloadError as error:
             raise click.ClickException(f"download failed: {error}") from None
     click.echo(str(directory))
+
+
+def _not_finished(job: dict, directory: Path) -> str:
+    """Why a job that has not succeeded has nothing to download, and what to run instead."""
+    job_id, status, stage, progress = job["id"], job["status"], job.get("stage"), job.get("stage_progress")
+    code = (job.get("error") or {}).get("code")
+    percent = [f"{progress:.0f}%"] if isinstance(progress, int | float) else []
+    where = ", ".join(([f"stage {stage}"] if stage else []) + percent + ([f"error {code}"] if code else []))
+    state = {"failed": "failed", "cancelled": "was cancelled"}.get(status, f"is {status}")
+    resume = f"`draftsmith resume {job_id} --download {directory}` runs it on from its last finished stage"
+    if status in ("failed", "cancelled"):
+        advice = f"it made nothing to download; {resume} and downloads what it makes"
+    elif status == "cancelling":
+        advice = f"nothing to download; once it is cancelled, {resume}"
+    else:
+        advice = (f"nothing to download yet; run `draftsmith download {job_id}` again once `draftsmith jobs` shows it "
+                  "succeeded")
+    return f"job {job_id} {state}{f' ({where})' if where else ''}: {advice}"

@@ -153,11 +153,11 @@ def _report(job: dict, client) -> None:
 
 def _echo_serving_advice(client, job: dict) -> None:
     """report.json's `serving_advice.summary`, the dashboard's red line, when validation wrote one."""
-    from draftsmith.client import ApiError, Unreachable
+    from draftsmith.client import ApiError, DownloadError, Unreachable
 
     try:
         report = client.report(job["id"])
-    except (ApiError, Unreachable, ValueError) as error:  # the job's outcome stands; only the advice is missing
+    except (ApiError, DownloadError, Unreachable, ValueError) as error:  # the outcome stands; only the advice is missing
         click.echo(f"serving advice unavailable: could not read report.json ({error})", err=True)
         return
     advice = report.serving_advice if report is not None else None
@@ -170,9 +170,14 @@ def download_artifacts(client, job_id: str, directory: Path) -> None:
     (Client.download), with a progress bar of bytes on stderr; one line per file where stderr is no terminal.
     The one download of the CLI: `submit --download`, `resume --download` and `download` all come here."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+    from draftsmith.client import DownloadError
+
     artifacts = client.artifacts(job_id)
+    if not artifacts:  # "0 artifacts verified" would read as success
+        raise DownloadError(f"job {job_id} has no artifacts; nothing was downloaded")
     console = Console(stderr=True)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                         console=console, transient=False, disable=not console.is_terminal)
@@ -181,7 +186,8 @@ def download_artifacts(client, job_id: str, directory: Path) -> None:
 
     def on_progress(artifact: dict, size: int) -> None:
         done[artifact["name"]] = done.get(artifact["name"], 0) + size
-        progress.update(total, advance=size, description=artifact["name"][-40:])
+        # The name is the server's: shown as text, never read as rich markup.
+        progress.update(total, advance=size, description=escape(artifact["name"][-40:]))
         if not console.is_terminal and done[artifact["name"]] >= artifact["size_bytes"]:
             click.echo(f"downloaded {artifact['name']} ({artifact['size_bytes']} bytes)", err=True)
 

@@ -1,6 +1,7 @@
 """Issue 32: the CLI against the real API on loopback (uvicorn), jobs driven by the fake stage runner:
 `submit --wait` ends with report.json's serving advice (the dashboard's red line), `draftsmith jobs` lists and
-filters, `draftsmith download` fetches an existing job's artifacts verified by their sha256."""
+filters, `draftsmith download` fetches an existing job's artifacts verified by their sha256 and refuses a job that
+has not succeeded (tests/api/test_cli_untrusted_server.py: the same command against a hostile fake server)."""
 
 from __future__ import annotations
 
@@ -136,6 +137,33 @@ def test_download_fetches_every_artifact_verified_and_refuses_a_tampered_one(ser
 
     missing = cli(base, org.key, "download", "job_01JAAAAAAAAAAAAAAAAAAAAAAA")
     assert missing.exit_code == 1 and "404" in missing.stderr
+
+
+def test_download_of_an_unfinished_job_says_where_it_stands_and_fails(server, tmp_path: Path):
+    """Not "0 artifacts verified" and exit 0: the job's status and stage, what to run instead, exit 1, no folder."""
+    harness, base = server
+    org = harness.new_org()
+    queued = harness.create_job(org)["id"]
+    running = harness.create_job(org)["id"]
+    harness.runner.run_stage(running, finish=False)  # prepare, reported half way
+    failed = harness.create_job(org)["id"]
+    drive(harness, failed, fail_at=Stage.TRAIN)
+    cancelled = harness.create_job(org)["id"]
+    assert cli(base, org.key, "cancel", cancelled).exit_code == 0
+
+    expected = {
+        queued: f"job {queued} is queued: nothing to download yet; run `draftsmith download {queued}` again once "
+                "`draftsmith jobs` shows it succeeded",
+        running: f"job {running} is preparing (stage prepare, 50%): nothing to download yet",
+        failed: f"job {failed} failed (stage train, 0%, error fake_failure): it made nothing to download; "
+                f"`draftsmith resume {failed} --download {tmp_path / failed}` runs it on",
+        cancelled: f"job {cancelled} was cancelled",
+    }
+    for job_id, message in expected.items():
+        result = cli(base, org.key, "download", job_id, "--out", str(tmp_path / job_id))
+        assert result.exit_code == 1, result.output
+        assert message in result.stderr and "verified" not in result.stderr, result.stderr
+        assert not (tmp_path / job_id).exists()
 
 
 def test_jobs_and_download_are_registered_lazily():
