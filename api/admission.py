@@ -18,15 +18,20 @@ multipart bodies at a byte a second once held every slot):
 3. only then does it wait for a slot, which is released when its response *starts*: by then the route's work
    is done, and an SSE stream or an artifact download that goes on sending for minutes does not keep a slot.
 
-Liveness (`/healthz`) and readiness (`/readyz`, which reports saturation) are never queued.
+Liveness (`/healthz`) and readiness (`/readyz`, which reports saturation) are never queued. Saturation is more
+than full slots: requests stuck on the database hold few slots but every worker thread (a lock they all wait for),
+or every pooled connection, so `/readyz` also counts busy threads, connections in use, and requests that have held
+a slot longer than `api_stalled_request_seconds` (stalled: the process is not ready while any is).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -79,6 +84,19 @@ class AdmissionState:
     unauthenticated_total: int = 0
     body_timeouts_total: int = 0
     slow_clients: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    # When each request in progress took its slot (time.monotonic()), by a number of its own: the oldest tells a
+    # process stuck on a lock from a busy one, which the counts alone cannot.
+    started: dict[int, float] = field(default_factory=dict)
+    stalled_after_seconds: float = 0.0  # api_stalled_request_seconds, once settings are read
+    # The database pool's connections in use and its limit (api/deps.py database_pool_counters), once known.
+    database: Callable[[], dict[str, int] | None] | None = None
+
+    def watch(self, services: Any) -> None:
+        """Read, besides the counters, the stall threshold of `services.settings` and its database pool."""
+        from api.deps import database_pool_counters
+
+        self.stalled_after_seconds = services.settings.api_stalled_request_seconds
+        self.database = lambda: database_pool_counters(services)
 
     def count_slow_client(self, client: str) -> int:
         self.body_timeouts_total += 1
@@ -89,13 +107,41 @@ class AdmissionState:
         return count
 
     def report(self) -> dict[str, Any]:
+        """This process's counters; called on the event loop (the worker-thread limiter is the loop's)."""
         worst = sorted(self.slow_clients.items(), key=lambda item: -item[1])[:5]
+        now = time.monotonic()
+        ages = [now - since for since in list(self.started.values())]
+        stalled = sum(age > self.stalled_after_seconds for age in ages) if self.stalled_after_seconds > 0 else 0
+        threads = _worker_threads()
+        pool = self.database() if self.database is not None else None
+        threads_full = threads["threads"] > 0 and threads["threads_busy"] >= threads["threads"]
+        saturated = (
+            (self.capacity > 0 and self.in_progress >= self.capacity)
+            or (threads_full and threads["threads_waiting"] > 0)
+            or (pool is not None and pool["in_use"] >= pool["limit"])
+            or stalled > 0
+        )
         # pid: the counters live in this process only (uvicorn --workers forks), so say whose they are.
         return {"pid": os.getpid(), "slots": self.capacity, "in_progress": self.in_progress, "waiting": self.waiting,
-                "saturated": self.capacity > 0 and self.in_progress >= self.capacity,
+                "saturated": saturated,
                 "refused_total": self.refused_total, "unauthenticated_total": self.unauthenticated_total,
                 "body_timeouts_total": self.body_timeouts_total,
-                "slow_clients": [{"client": client, "body_timeouts": count} for client, count in worst]}
+                "slow_clients": [{"client": client, "body_timeouts": count} for client, count in worst],
+                **threads,
+                "database_connections": pool["limit"] if pool else 0,
+                "database_connections_in_use": pool["in_use"] if pool else 0,
+                "oldest_in_progress_seconds": round(max(ages, default=0.0), 3), "stalled": stalled}
+
+
+def _worker_threads() -> dict[str, int]:
+    """The event loop's worker threads (sync routes, dependencies and database work run there): how many, how many
+    are busy, and how many tasks wait for one. Zeros outside an event loop."""
+    try:
+        stats = anyio.to_thread.current_default_thread_limiter().statistics()
+    except Exception:  # noqa: BLE001 - no running event loop (a report made outside the server)
+        return {"threads": 0, "threads_busy": 0, "threads_waiting": 0}
+    return {"threads": int(stats.total_tokens), "threads_busy": stats.borrowed_tokens,
+            "threads_waiting": stats.tasks_waiting}
 
 
 class AdmissionCollector(Collector):
@@ -148,9 +194,12 @@ class AdmissionControlMiddleware:
         self._slots: anyio.Semaphore | None = None
         self._key_checks: anyio.Semaphore | None = None
         self._key_threads: anyio.CapacityLimiter | None = None
+        self._numbers = itertools.count()
 
-    def _setup(self, settings: Settings) -> None:
+    def _setup(self, services: Any) -> None:
         if self._slots is None:  # created on first use: settings are read lazily, like every service
+            settings: Settings = services.settings
+            self.state.watch(services)
             self.state.capacity = settings.api_worker_threads * SLOTS_PER_THREAD
             self._slots = anyio.Semaphore(self.state.capacity)
             checks = max(2, settings.api_worker_threads // 2)
@@ -163,7 +212,7 @@ class AdmissionControlMiddleware:
             return
         services = self.services_getter()
         settings: Settings = services.settings
-        self._setup(settings)
+        self._setup(services)
         if needs_api_key(scope["path"]) and not await self._authenticate(scope, send, services):
             return
         body = None
@@ -262,6 +311,8 @@ class AdmissionControlMiddleware:
             await self._refuse(scope, send, settings)
             return
         self.state.in_progress += 1
+        number = next(self._numbers)
+        self.state.started[number] = time.monotonic()
         released = False
 
         def release() -> None:
@@ -269,6 +320,7 @@ class AdmissionControlMiddleware:
             if not released:
                 released = True
                 self.state.in_progress -= 1
+                self.state.started.pop(number, None)
                 slots.release()
 
         async def send_and_release(message: Message) -> None:

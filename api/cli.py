@@ -42,8 +42,11 @@ def api(host: str, port: int, workers: int, reload: bool) -> None:
         os.environ[PROCESS_DIR_ENV], os.environ[PROCESS_COUNT_ENV] = processes, str(workers)
         # http="httptools": uvicorn's C HTTP/1.1 parser (a base dependency), not the pure-Python h11 that plain
         # `uvicorn` falls back to: it cost about a millisecond of CPU per request (issue 32).
+        # timeout_graceful_shutdown: on SIGTERM uvicorn otherwise waits for every request in progress, however long
+        # it is stuck (a stuck process then ignored SIGTERM). After this long it cancels them, the app's shutdown
+        # interrupts their database statements (api/deps.py Services.close), and the process exits.
         uvicorn.run("api.main:app", host=host, port=port, workers=workers, reload=reload, proxy_headers=True,
-                    http="httptools")
+                    http="httptools", timeout_graceful_shutdown=settings.api_graceful_shutdown_seconds)
 
 
 @click.group()

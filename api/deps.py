@@ -12,31 +12,40 @@ as in PostgreSQL's READ COMMITTED transactions anyway). Connections in use there
 and the pool is sized from the same setting (`pool_limits`), so no thread ever waits for a connection
 that a request waiting for a thread is holding (the deadlock behind "QueuePool limit reached" under
 load). Cheap dependencies are `async def`: no thread hop for them.
+
+A sync route's session ends later than its function: FastAPI validates the route's return value on another worker
+thread first, and only then runs the session's teardown. A transaction still open when the route returns therefore
+waits for a free thread while holding its locks; when the threads are all taken by requests waiting for those very
+locks, nothing moves again (concurrent cancels of one job hung a process that way). Routes that lock rows run their
+work through `run_write` instead: one thread hop whose session ends on that thread, before the answer is validated.
+PostgreSQL's idle-in-transaction timeout (domain/db.py SessionTimeouts) ends any transaction left behind anyway.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.admission import PRINCIPAL_STATE_KEY
 from api.auth import Principal, authenticate
-from domain.db import PoolLimits, create_db_engine, create_session_factory
+from domain.db import PoolLimits, SessionTimeouts, create_db_engine, create_session_factory
 from domain.queue import CeleryQueue, RecordingQueue, queue_from_settings
 from domain.settings import Settings, load_settings
 from domain.storage import LocalStorage, S3Storage, storage_from_settings
 
 
 T = TypeVar("T")
+log = logging.getLogger("draftsmith.api")
 
 
 @dataclass
@@ -51,10 +60,13 @@ class Services:
     read_session_factory: sessionmaker[Session] | None = None
     # The same autocommit engine, for the hot read routes that use a plain Connection (`run_read`).
     read_engine: Engine | None = None
+    # The driver connections checked out of the pool right now: what `close` interrupts.
+    in_use: set[Any] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Services:
-        engine = create_db_engine(settings.database_url, echo=settings.database_echo, limits=pool_limits(settings))
+        engine = create_db_engine(settings.database_url, echo=settings.database_echo, limits=pool_limits(settings),
+                                  timeouts=SessionTimeouts.for_api(settings))
         read_engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         return cls(
             settings=settings,
@@ -64,10 +76,51 @@ class Services:
             read_engine=read_engine,
             queue=queue_from_settings(settings),
             storage=storage_from_settings(settings),
+            in_use=track_checkouts(engine),
         )
 
     def close(self) -> None:
+        """At shutdown, after the server stopped waiting for requests in progress: interrupt the statements they
+        still run, then close the pool. Without that, a statement waiting for a lock goes on waiting in the database
+        after the process is gone, in the lock's queue ahead of live requests, until the statement timeout."""
+        for connection in (self.in_use or set()).copy():
+            interrupt_statement(connection)
         self.engine.dispose()
+
+
+def track_checkouts(engine: Engine) -> set[Any]:
+    """The driver connections of `engine` that are checked out, kept current by pool events (an invalidated
+    connection is checked in as None, so it leaves the set when it is invalidated)."""
+    in_use: set[Any] = set()
+    event.listen(engine, "checkout", lambda connection, _record, _proxy: in_use.add(connection))
+    event.listen(engine, "checkin", lambda connection, _record: in_use.discard(connection))
+    event.listen(engine, "invalidate", lambda connection, _record, _error: in_use.discard(connection))
+    return in_use
+
+
+def interrupt_statement(connection: Any) -> None:
+    """Ask the server to cancel what `connection` runs (psycopg: a cancel request on a connection of its own;
+    sqlite3: interrupt). Never raises: it is done at shutdown, to connections that may be gone already."""
+    # cancel_safe: psycopg's cancel that gives up after its timeout (a server that does not answer must not hold
+    # the shutdown either).
+    for name, kwargs in (("cancel_safe", {"timeout": 2.0}), ("cancel", {}), ("interrupt", {})):
+        method = getattr(connection, name, None)
+        if method is not None:
+            try:
+                method(**kwargs)
+            except Exception:  # noqa: BLE001 - the connection is closed, or the server is gone
+                log.debug("could not interrupt a database statement at shutdown", exc_info=True)
+            return
+
+
+def database_pool_counters(services: Services) -> dict[str, int] | None:
+    """Connections of the pool in use and its limit (pool plus overflow), for /readyz; None for a pool that does not
+    count them (SQLite in memory)."""
+    checked_out = getattr(services.engine.pool, "checkedout", None)
+    if checked_out is None:
+        return None
+    limits = pool_limits(services.settings)
+    return {"in_use": checked_out(), "limit": limits.size + limits.overflow}
 
 
 def pool_limits(settings: Settings) -> PoolLimits:
@@ -133,25 +186,61 @@ async def run_read(services: Services, work: Callable[..., T], *args: object) ->
     return await anyio.to_thread.run_sync(call)
 
 
+async def run_write(services: Services, work: Callable[..., T], *args: object) -> T:
+    """`work(session, *args)` on a worker thread, with a session of its own whose transaction ends (rolled back if
+    `work` left one open) and whose connection goes back to the pool on that same thread, before the route's
+    answer is validated or sent. `work` returns the answer, built while the session was open.
+
+    For write routes that lock rows: a sync route with `SessionDep` keeps its transaction (and its locks) until
+    FastAPI has validated the answer on a second worker thread (see the module's docstring). If the client goes
+    away meanwhile, the thread still finishes and ends the session: a thread is never abandoned halfway."""
+
+    def call() -> T:
+        session = services.session_factory()
+        try:
+            return work(session, *args)
+        finally:
+            release_session(session)
+
+    return await anyio.to_thread.run_sync(call)
+
+
+def release_session(session: Session) -> None:
+    """Roll back whatever `session` left open and return its connection. Never raises: a connection the database
+    closed meanwhile (the idle-in-transaction timeout, a restart) fails its rollback and is then discarded instead
+    of going back to the pool; the request's answer, already made, stands."""
+    try:
+        session.close()
+    except Exception:  # noqa: BLE001 - only the connection is lost, not the request's work
+        log.warning("could not roll back a database session; its connection is discarded", exc_info=True)
+        try:
+            session.invalidate()
+        except Exception:  # noqa: BLE001
+            log.debug("could not discard the connection either", exc_info=True)
+
+
 async def get_session(request: Request, services: ServicesDep) -> AsyncIterator[Session]:
     # Creating a session does no I/O, so it needs no thread. Closing one does I/O only when a transaction is
     # open (the rollback of anything the route did not commit): that runs on a thread outside the
     # worker-thread limit, as FastAPI does for sync teardowns, so a request holding a connection never
     # waits for a thread. A read session (autocommit) has nothing to roll back and closes right here.
+    # In `finally`, shielded: the rollback and the close happen however the request ends (an answer, an
+    # exception from the route, the client gone and the request cancelled), and they never raise.
     read_only = request.method in READ_METHODS
     session = (read_sessions(services) if read_only else services.session_factory)()
     try:
         yield session
     finally:
-        if session.in_transaction() and not (read_only and services.read_session_factory is not None):
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(session.close, limiter=anyio.CapacityLimiter(1))
-        else:
-            session.close()
+        with anyio.CancelScope(shield=True):
+            if session.in_transaction() and not (read_only and services.read_session_factory is not None):
+                await anyio.to_thread.run_sync(release_session, session, limiter=anyio.CapacityLimiter(1))
+            else:
+                release_session(session)
 
 
-# scope="function": closed (connection returned) when the route function returns, before the response is
-# sent, so a slow reader never pins a connection.
+# scope="function": closed (connection returned) once the route function's answer is ready, before the response
+# is sent, so a slow reader never pins a connection. For a sync route that is after FastAPI validated its answer
+# on a worker thread: routes that lock rows use `run_write` instead (the module's docstring says why).
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 # Declares the bearer scheme in OpenAPI; the header itself is checked by `authenticate`

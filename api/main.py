@@ -11,11 +11,14 @@ import asyncio
 import gc
 import importlib.metadata
 import logging
-from collections.abc import AsyncIterator
+import typing
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import HTMLResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from api.admission import AdmissionCollector, AdmissionControlMiddleware, AdmissionState, configure_thread_limiter
@@ -48,6 +51,9 @@ def _version() -> str:
 
 
 __version__ = _version()
+API_ROUTERS = (jobs.router, job_data.router, files.router, webhooks.router, secrets.router, audits.router,
+               drafters.router, usage.router, health.router)
+"""The routers of the OpenAPI document (the dashboard's is included apart, outside the document)."""
 JSON_BODY_LIMIT = 1 << 20  # a job spec is a few KB; 1 MiB leaves room and stops abuse
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers around an upload
 
@@ -106,8 +112,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.close()
 
 
-def _document_problems(app: FastAPI) -> None:
-    """Make the OpenAPI document say what the handlers do: every error body is problem+json.
+def _document_problems(app: FastAPI, routers: Sequence[APIRouter]) -> None:
+    """Make the OpenAPI document say what the handlers do: every error body is problem+json, and every body
+    `routers` parse by hand is in its components.
 
     FastAPI lists a response `model` under application/json and adds its own 422 schema
     (HTTPValidationError); both are replaced by the Problem schema under application/problem+json.
@@ -129,10 +136,62 @@ def _document_problems(app: FastAPI) -> None:
                             response["description"] = "Validation failed; `errors` names each field"
         for unused in ("HTTPValidationError", "ValidationError"):
             schema.get("components", {}).get("schemas", {}).pop(unused, None)
+        _document_hand_parsed_bodies(schema, routers)
         app.openapi_schema = schema
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+SCHEMA_REF = "#/components/schemas/"
+
+
+def schema_refs(node: object) -> Iterator[str]:
+    """Every `$ref` in an OpenAPI document (or a part of one)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from schema_refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from schema_refs(value)
+
+
+def hand_parsed_body_models(routers: Sequence[APIRouter]) -> dict[str, type[BaseModel]]:
+    """The models of the bodies that routes parse themselves, by name: a route whose body needs this deployment's
+    settings as validation context (the job and audit specs) reads it in a dependency returning the model, and
+    describes it with `openapi_extra`, so FastAPI never sees the model as a body."""
+    models: dict[str, type[BaseModel]] = {}
+    for route in (route for router in routers for route in router.routes):
+        if not isinstance(route, APIRoute) or "requestBody" not in (route.openapi_extra or {}):
+            continue
+        for dependency in route.dependant.dependencies:
+            try:
+                returned = typing.get_type_hints(dependency.call).get("return")
+            except (NameError, TypeError, AttributeError):  # annotations that do not resolve name no body
+                continue
+            if isinstance(returned, type) and issubclass(returned, BaseModel):
+                models[returned.__name__] = returned
+    return models
+
+
+def _document_hand_parsed_bodies(schema: dict, routers: Sequence[APIRouter]) -> None:
+    """Put the schema of every hand-parsed body into the document's components. FastAPI lists only the models
+    it validates itself, so a body described by `openapi_extra` resolved only when a response happened to
+    carry the same model (JobSpec, inside Job); AuditSpec did not, and its `$ref` pointed nowhere: client
+    generators failed and schemathesis could not build an audit body."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    missing = {ref.removeprefix(SCHEMA_REF) for ref in schema_refs(schema.get("paths", {}))
+               if ref.startswith(SCHEMA_REF)} - set(components)
+    for name, model in sorted(hand_parsed_body_models(routers).items()):
+        if name not in missing:
+            continue
+        generated = model.model_json_schema(ref_template=SCHEMA_REF + "{model}", mode="validation")
+        for nested, definition in generated.pop("$defs", {}).items():
+            components.setdefault(nested, definition)
+        components[name] = generated
 
 
 def _serve_docs_locally(app: FastAPI) -> None:
@@ -208,12 +267,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        state=app.state.admission)
     app.add_middleware(BodySizeLimitMiddleware, limit_for=body_limit)
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
-    for router in (jobs.router, job_data.router, files.router, webhooks.router, secrets.router, audits.router,
-                   drafters.router, usage.router, health.router):
+    for router in API_ROUTERS:
         app.include_router(router)
     app.include_router(dashboard_router)  # the web dashboard at / (not part of the OpenAPI document)
     _serve_docs_locally(app)
-    _document_problems(app)
+    _document_problems(app, API_ROUTERS)
     return app
 
 

@@ -19,12 +19,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from pydantic import ValidationError
 from sqlalchemy import func, select
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from domain.models import Job, WebhookDelivery
 from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE
+from api.schemas import ProcessCapacityOut
 from domain.states import JobStatus
 
 log = logging.getLogger("draftsmith.api")
@@ -71,7 +73,9 @@ class ApiMetrics:
 PROCESS_DIR_ENV = "DRAFTSMITH_API_PROCESS_DIR"
 PROCESS_COUNT_ENV = "DRAFTSMITH_API_PROCESSES"
 PUBLISH_INTERVAL_SECONDS = 2.0
-_COUNTERS = ("in_progress", "waiting", "refused_total", "unauthenticated_total", "body_timeouts_total")
+_COUNTERS = ("in_progress", "waiting", "refused_total", "unauthenticated_total", "body_timeouts_total", "stalled")
+# A process's snapshot is a few hundred bytes; anything far larger in the folder is not one.
+MAX_SNAPSHOT_BYTES = 64 * 1024
 
 
 class ProcessBoard:
@@ -82,11 +86,16 @@ class ProcessBoard:
     to `<directory>/<pid>.json` (at each `/readyz` and every PUBLISH_INTERVAL_SECONDS), and `/readyz` reads them
     all: the answering process's own numbers, fresh, and every other live process's as it last wrote them, with
     their age. Files of processes that are gone (uvicorn replaces a dead worker) are removed. Without a directory
-    (the app served by plain `uvicorn`, or a test client) the board knows this process only."""
+    (the app served by plain `uvicorn`, or a test client) the board knows this process only.
+
+    A file that is not a snapshot (not JSON, not an object, a field missing or of the wrong type, another pid than
+    its name's, too large) is left out of the report and logged once: one bad file in the folder must not turn
+    every /readyz of the server into a 500."""
 
     def __init__(self, directory: str | None, configured: int | None) -> None:
         self.directory = Path(directory) if directory else None
         self.configured = configured
+        self._reported: set[tuple[str, float]] = set()  # (file, mtime) of the malformed files already logged
 
     @classmethod
     def from_environment(cls) -> ProcessBoard:
@@ -111,19 +120,47 @@ class ProcessBoard:
         for path in sorted(self.directory.glob("*.json")) if self.directory is not None else []:
             try:
                 pid = int(path.stem)
-                if pid in processes:
-                    continue
+                if pid <= 0 or pid in processes:
+                    continue  # 0 and negative "pids" would name process groups to _alive
                 if not _alive(pid):
                     path.unlink(missing_ok=True)
                     continue
-                snapshot = json.loads(path.read_text())
+                entry = self._entry(path, pid, now)
             except (OSError, ValueError):
                 continue  # not ours, or just replaced: the next report reads it
-            published = snapshot.pop("published_at", now)
-            processes[pid] = {**snapshot, "age_seconds": round(max(0.0, now - published), 3)}
+            if entry is not None:
+                processes[pid] = entry
         reporting = [processes[pid] for pid in sorted(processes)]
         return {"answered_by": own["pid"], "configured": self.configured, "reporting": reporting,
                 "totals": {name: sum(int(p.get(name, 0)) for p in reporting) for name in _COUNTERS}}
+
+    def _entry(self, path: Path, pid: int, now: float) -> dict[str, Any] | None:
+        """The snapshot in `path`, checked as /readyz will answer it; None (logged once) when it is not one."""
+        stat = path.stat()
+        problem = None
+        if stat.st_size > MAX_SNAPSHOT_BYTES:
+            problem = f"larger than {MAX_SNAPSHOT_BYTES} bytes"
+        else:
+            try:
+                snapshot = json.loads(path.read_text())
+                if not isinstance(snapshot, dict):
+                    raise TypeError(f"a JSON {type(snapshot).__name__}, not an object")
+                published = snapshot.pop("published_at", now)
+                if isinstance(published, bool) or not isinstance(published, (int, float)):
+                    raise TypeError("published_at is not a time")
+                entry = ProcessCapacityOut.model_validate(
+                    {**snapshot, "age_seconds": round(max(0.0, now - published), 3)}).model_dump()
+                if entry["pid"] != pid:
+                    raise ValueError(f"it names pid {entry['pid']}")
+                return entry
+            except ValidationError as exc:
+                problem = f"{exc.error_count()} invalid field(s), first {exc.errors()[0]['loc']}"
+            except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
+                problem = str(exc)[:200]
+        if (str(path), stat.st_mtime) not in self._reported:
+            self._reported.add((str(path), stat.st_mtime))
+            log.warning("process board: %s is not a process snapshot (%s); left out of /readyz", path.name, problem)
+        return None
 
 
 def _alive(pid: int) -> bool:

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
-from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+from sqlalchemy.exc import DataError, InterfaceError, InternalError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm.exc import StaleDataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -209,7 +209,7 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ValidationError, on_pydantic_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(StaleDataError, on_stale)
-    for unavailable in (PoolTimeoutError, OperationalError, InterfaceError):
+    for unavailable in (PoolTimeoutError, OperationalError, InterfaceError, InternalError):
         app.add_exception_handler(unavailable, on_database_unavailable)
     app.add_exception_handler(DataError, on_data_error)
     app.add_exception_handler(Exception, on_unexpected)
@@ -251,12 +251,19 @@ class UnhandledErrorMiddleware:
             await internal_error_response(Request(scope), exc)(scope, receive, send)
 
 
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"  # SQLSTATE idle_in_transaction_session_timeout
+
+
 def _database_unavailable(exc: Exception) -> bool:
     """True for a temporary condition: no pooled connection in time, the server unreachable or shutting down,
     SQLite's write lock held too long. SQLite reports schema faults as OperationalError too; those are not."""
     if isinstance(exc, PoolTimeoutError):
         return True
     orig = getattr(exc, "orig", None)
+    if isinstance(exc, InternalError):
+        # PostgreSQL closed a connection left idle in a transaction (DRAFTSMITH_DATABASE_IDLE_IN_TRANSACTION_
+        # TIMEOUT_SECONDS): the request that kept it may be retried. Any other InternalError is a fault.
+        return getattr(orig, "sqlstate", None) == IDLE_IN_TRANSACTION_TIMEOUT
     if isinstance(orig, sqlite3.Error):
         return any(word in str(orig) for word in ("locked", "busy", "unable to open"))
     return True

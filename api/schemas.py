@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+from pydantic import BaseModel, Field, HttpUrl
 
 from domain.webhooks import WEBHOOK_EVENT_TYPES
-from schemas.bounds import MultilineText
+from schemas.bounds import JsonBody, MultilineText
 from schemas.job_spec import JobSpec
 
 WebhookEventType = Literal["job.started", "job.stage_changed", "job.succeeded", "job.failed", "job.cancelled"]
@@ -145,9 +145,7 @@ class FileList(BaseModel):
     data: list[FileOut]
 
 
-class WebhookCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class WebhookCreate(JsonBody):
     url: HttpUrl = Field(description="http(s) endpoint receiving signed POSTs.")
     events: list[WebhookEventType] = Field(
         default_factory=lambda: list(WEBHOOK_EVENT_TYPES), min_length=1, description="Events to send; default all."
@@ -156,9 +154,7 @@ class WebhookCreate(BaseModel):
     enabled: bool = True
 
 
-class WebhookUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class WebhookUpdate(JsonBody):
     url: HttpUrl | None = None
     events: list[WebhookEventType] | None = Field(default=None, min_length=1)
     description: MultilineText | None = Field(default=None, max_length=500)
@@ -273,13 +269,26 @@ class CapacityOut(BaseModel):
     slots: int = Field(description="Requests this process handles at once (2 x DRAFTSMITH_API_WORKER_THREADS).")
     in_progress: int
     waiting: int = Field(description="Admitted requests (key checked, body received) waiting for a slot.")
-    saturated: bool = Field(description="Every slot is taken: new requests wait, and are refused 503 after "
-                            "DRAFTSMITH_API_QUEUE_TIMEOUT_SECONDS.")
+    saturated: bool = Field(description="New requests wait: every slot is taken (they are refused 503 after "
+                            "DRAFTSMITH_API_QUEUE_TIMEOUT_SECONDS), or every worker thread is busy with work waiting "
+                            "for one, or every database connection is in use, or a request is `stalled`.")
     refused_total: int = Field(description="Requests answered 503 because no slot came free in time.")
     unauthenticated_total: int = Field(description="Requests refused 401 before they could wait for a slot.")
     body_timeouts_total: int = Field(description="Bodies that did not arrive within DRAFTSMITH_API_BODY_TIMEOUT_"
                                      "SECONDS (408).")
     slow_clients: list[SlowClientOut] = Field(description="The clients with the most body timeouts.")
+    threads: int = Field(0, description="Worker threads of this process (DRAFTSMITH_API_WORKER_THREADS): sync "
+                         "routes and all database work run on them.")
+    threads_busy: int = Field(0, description="Worker threads in use now.")
+    threads_waiting: int = Field(0, description="Tasks waiting for a worker thread.")
+    database_connections: int = Field(0, description="The most database connections this process may hold (its "
+                                      "pool and overflow); 0 when the pool does not count them.")
+    database_connections_in_use: int = Field(0, description="Database connections checked out now.")
+    oldest_in_progress_seconds: float = Field(0.0, description="How long the oldest request holding a slot has "
+                                              "held it without starting its response.")
+    stalled: int = Field(0, description="Requests holding a slot for longer than DRAFTSMITH_API_STALLED_REQUEST_"
+                         "SECONDS (waiting on a lock, a connection or another dependency). While any is, `saturated` "
+                         "is true and /readyz answers 503 `not-ready`.")
 
 
 class ProcessCapacityOut(CapacityOut):
@@ -296,8 +305,8 @@ class ProcessesOut(BaseModel):
                                    "--workers`); null when it was not started by `draftsmith api`, and then "
                                    "`reporting` lists the answering process only.")
     reporting: list[ProcessCapacityOut] = Field(description="One entry per live API process, by pid.")
-    totals: dict[str, int] = Field(description="`in_progress`, `waiting`, `refused_total`, `unauthenticated_total` "
-                                   "and `body_timeouts_total` summed over `reporting`.")
+    totals: dict[str, int] = Field(description="`in_progress`, `waiting`, `refused_total`, `unauthenticated_total`, "
+                                   "`body_timeouts_total` and `stalled` summed over `reporting`.")
 
 
 class ReadinessOut(BaseModel):

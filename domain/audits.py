@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
+from domain.db import lock_briefly
 from domain.drafters import get_drafter_for_org
 from domain.jobs import lock_org_and_count_active, parse_spec, refuse_if_full, uploaded_prompt_count
 from domain.models import Audit, Job, Organisation, new_id, utcnow
@@ -102,19 +103,39 @@ def get_audit_for_org(session: Session, org_id: str, audit_id: str, *, lock: boo
 
 def cancel_audit(session: Session, org_id: str, audit_id: str) -> Audit:
     """A queued audit ends cancelled at once (the worker's claim then finds nothing to run); a running one becomes
-    `cancelling` until its worker notices at the next heartbeat and stops. Cancelling twice is not an error."""
-    row = get_audit_for_org(session, org_id, audit_id, lock=True)
-    if row.status in ("cancelling", "cancelled"):
+    `cancelling` until its worker notices at the next heartbeat and stops. Cancelling twice is not an error.
+
+    Every branch ends its transaction (commit, or rollback when it raises) before it returns, and the row is locked
+    only when there is something to change, briefly: as domain/jobs.py cancel_job, for the same reason."""
+    try:
+        # A column, not the object: the locked read below must load the row fresh, not find a copy from before.
+        status = session.scalar(select(Audit.status).where(Audit.id == audit_id, Audit.org_id == org_id))
+        if status is None:
+            raise NotFound(f"no audit {audit_id!r} in your organisation")
+        if _audit_cancel_is_noop(audit_id, status):
+            row = get_audit_for_org(session, org_id, audit_id)
+            session.commit()
+            return row
+        lock_briefly(session)
+        row = get_audit_for_org(session, org_id, audit_id, lock=True)
+        if not _audit_cancel_is_noop(audit_id, row.status):  # another request may have cancelled it while we waited
+            if row.status == "queued":
+                row.status, row.finished_at = "cancelled", utcnow()
+            else:
+                row.status = "cancelling"
+        session.commit()
         return row
-    if row.status in ("succeeded", "failed"):
-        raise InvalidTransition(f"audit {row.id} already {row.status}; there is nothing to cancel",
-                                extra={"audit_status": row.status})
-    if row.status == "queued":
-        row.status, row.finished_at = "cancelled", utcnow()
-    else:
-        row.status = "cancelling"
-    session.commit()
-    return row
+    except BaseException:
+        session.rollback()
+        raise
+
+
+def _audit_cancel_is_noop(audit_id: str, status: str) -> bool:
+    """True when the audit is already cancelling or cancelled; refuses a finished one."""
+    if status in ("succeeded", "failed"):
+        raise InvalidTransition(f"audit {audit_id} already {status}; there is nothing to cancel",
+                                extra={"audit_status": status})
+    return status in ("cancelling", "cancelled")
 
 
 def list_audits(session: Session, org_id: str, *, limit: int, after: str | None, drafter: str | None = None

@@ -25,6 +25,7 @@ from sqlalchemy import Connection, Row, Select, Text, bindparam, cast, exists, f
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from domain.db import lock_briefly
 from domain.drafters import check_warm_start
 from domain.events import append_event
 from domain.models import Audit, Job, JobLabel, Organisation, PromptFile, StageRun, new_id, utcnow
@@ -322,18 +323,44 @@ def _enqueue_or_fail(session: Session, queue: RecordingQueue | CeleryQueue, job:
 
 
 def cancel_job(session: Session, org_id: str, job_id: str) -> Job:
-    job = get_job_for_org(session, org_id, job_id, lock=True)
-    status = JobStatus(job.status)
-    if status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
-        return job  # cancelling twice is not an error
+    """Cancel the job; cancelling a cancelling or cancelled job changes nothing, a finished one is refused.
+
+    Every branch ends its transaction (commit, or rollback when it raises) before it returns: a caller may take a
+    while to answer, and a row lock held meanwhile made every other cancel of the job wait, each on a worker
+    thread, until none was left to finish the first (20 concurrent cancels of a cancelled job hung the process).
+    The row is locked only when there is something to change, and not waited for longer than lock_briefly allows."""
+    try:
+        # A column, not the object: this read must not put a copy of the job in the session that the locked read
+        # below would return unrefreshed (it may be stale by the time the lock is granted).
+        status = session.scalar(select(Job.status).where(Job.id == job_id, Job.org_id == org_id))
+        if status is None:
+            raise NotFound(f"no job {job_id!r} in your organisation")
+        if _job_cancel_is_noop(job_id, JobStatus(status)):
+            job = get_job_for_org(session, org_id, job_id)
+            session.commit()
+            return job
+        lock_briefly(session)
+        job = get_job_for_org(session, org_id, job_id, lock=True)
+        status = JobStatus(job.status)
+        if not _job_cancel_is_noop(job_id, status):  # another request may have cancelled it while we waited
+            job.cancel_requested_at = utcnow()
+            # Nothing runs a queued job yet, so it ends at once; a running one waits for the worker's acknowledgement.
+            transition(session, job, JobStatus.CANCELLED if status is JobStatus.QUEUED else JobStatus.CANCELLING,
+                       reason="cancellation requested")
+        session.commit()
+        return job
+    except BaseException:
+        session.rollback()
+        raise
+
+
+def _job_cancel_is_noop(job_id: str, status: JobStatus) -> bool:
+    """True when the job is already cancelling or cancelled (cancelling twice is not an error); refuses a finished
+    job."""
     if status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
-        raise InvalidTransition(f"job {job.id} already {status}; there is nothing to cancel", extra={"job_status": str(status)})
-    job.cancel_requested_at = utcnow()
-    # Nothing runs a queued job yet, so it ends at once; a running one waits for the worker's acknowledgement.
-    transition(session, job, JobStatus.CANCELLED if status is JobStatus.QUEUED else JobStatus.CANCELLING,
-               reason="cancellation requested")
-    session.commit()
-    return job
+        raise InvalidTransition(f"job {job_id} already {status}; there is nothing to cancel",
+                                extra={"job_status": str(status)})
+    return status in (JobStatus.CANCELLING, JobStatus.CANCELLED)
 
 
 # A queued job nothing has happened to for this long (no worker picked it up, no event: `updated_at` moves with

@@ -1,8 +1,8 @@
-"""How an S3 endpoint's host is spelled, and which endpoints reach the same server (issue 20, issue 32 item 1).
+"""How a host written in an s3:// URI is read: whether it names the deployment's own storage server.
 
-The storage scoping rule (domain/storage_scope.py) has to know when a host written in a URI, or an endpoint an
-organisation stores in a secret, is the deployment's own storage server. A server has many spellings, and
-comparing strings lets all but one through. `host_key` folds them into one key:
+The storage scoping rule (domain/storage_scope.py) reads a URI as the deployment's own S3 server would: a URI is
+text our server interprets. (Where an organisation's *endpoint* leads is judged by address: domain/egress.py.)
+A server has many spellings, and comparing strings lets all but one through. `host_key` folds them into one key:
 
 - case, trailing dots, `[...]` brackets, a `:port`, user info (`x@host`), an IPv6 zone (`%eth0`), `%`-escapes and
   Unicode compatibility forms (fullwidth digits and dots, NFKC);
@@ -12,11 +12,10 @@ comparing strings lets all but one through. `host_key` folds them into one key:
 - every spelling of *this machine* as one key, `LOOPBACK`: `localhost` and `*.localhost`, all of 127.0.0.0/8, `::1`,
   the unspecified `0.0.0.0` / `::` (connecting to it reaches this machine on Linux), and any address assigned to
   one of this machine's interfaces (a server bound to all interfaces answers on each). A storage server on the
-  same machine as the API or the worker is then recognised however a URI or a secret names it.
+  same machine as the API or the worker is then recognised however a URI names it.
 
-Endpoint hosts (from settings and from organisation secrets) are also resolved (`endpoint_host_keys`): a DNS name
-that points at the storage server is the storage server. Parts of a user's URI are never resolved: they are
-compared by key only. Plain Python, no third-party imports: the API and the worker share it.
+The deployment's endpoint host is also resolved (`endpoint_host_keys`): a DNS name that points at the storage
+server is the storage server. Parts of a user's URI are never resolved: they are compared by key only.
 """
 
 from __future__ import annotations
@@ -27,6 +26,8 @@ import re
 import socket
 import unicodedata
 from urllib.parse import unquote, urlsplit
+
+from domain.egress import is_this_machine
 
 AWS_S3_HOST_RE = re.compile(r"^(?:[a-z0-9-]+\.)*s3(?:[.-][a-z0-9-]+)*\.amazonaws\.com(?:\.cn)?$")
 LOOPBACK = "<this machine>"
@@ -82,27 +83,13 @@ def canonical_host(name: str) -> str:
     return str(address) if address is not None else text
 
 
-@functools.lru_cache(maxsize=1024)
-def _is_this_machine(address: _Address) -> bool:
-    if address.is_loopback or address.is_unspecified:
-        return True
-    if address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"):
-        return False  # a UDP socket binds to these on any machine: they say nothing about whose they are
-    try:  # an address is this machine's when a socket can bind to it (no packet is sent)
-        with socket.socket(socket.AF_INET6 if address.version == 6 else socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.bind((str(address), 0))
-        return True
-    except OSError:
-        return False
-
-
 def host_key(name: str) -> str:
     """The key two spellings of one server share (module docstring). Never resolves a name."""
     host = canonical_host(name)
     if host == "localhost" or host.endswith(".localhost"):
         return LOOPBACK
     address = ip_literal(host)
-    if address is not None and _is_this_machine(address):
+    if address is not None and is_this_machine(address):
         return LOOPBACK
     return host
 
@@ -138,22 +125,6 @@ def host_port(endpoint_url: str | None) -> tuple[str, int] | None:
     except ValueError:
         port = 443
     return host, port
-
-
-def same_host(a: str | None, b: str | None) -> bool:
-    """Whether two endpoint URLs name the same machine, whatever their ports (AWS: any AWS S3 host)."""
-    ha, hb = host_port(a), host_port(b)
-    if ha is None or hb is None:
-        return ha is None and hb is None
-    return bool(endpoint_host_keys(ha[0]) & endpoint_host_keys(hb[0]))
-
-
-def same_endpoint(a: str | None, b: str | None) -> bool:
-    """Whether two endpoint URLs reach the same S3 service (aliases and addresses included)."""
-    ha, hb = host_port(a), host_port(b)
-    if ha is None or hb is None:
-        return ha is None and hb is None
-    return ha[1] == hb[1] and same_host(a, b)
 
 
 def is_endpoint_host(name: str, endpoint_url: str | None) -> bool:

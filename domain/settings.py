@@ -9,6 +9,7 @@ with the built-in secret key, so a forgotten setting fails loudly instead of shi
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -33,6 +34,8 @@ DEFAULT_DEV_API_KEY = "dsk_dev_local_development_key"
 SETTINGS_FILE_ENV = "DRAFTSMITH_SETTINGS_FILE"
 SECRETS_DIR_ENV = "DRAFTSMITH_SECRETS_DIR"
 DISABLED_BROKER = "disabled"
+# A development setup's webhooks and S3 endpoints may be on the operator's own machine or network.
+DEVELOPMENT_EGRESS_NETWORKS = ("127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
 
 
 def _default_storage_url() -> str:
@@ -122,9 +125,18 @@ class Settings(BaseSettings):
     webhook_backoff_base_seconds: float = Field(default=5.0, gt=0)
     webhook_backoff_max_seconds: float = Field(default=3600.0, gt=0)
     webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
-    webhook_allow_private_targets: bool = Field(
-        default=False, description="Allow webhook URLs on (or resolving to) loopback/private addresses (development, "
-        "tests). Cloud metadata endpoints and multicast stay refused.",
+    egress_allowed_networks: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Networks (CIDR, comma-separated) that connections on an organisation's behalf (webhook "
+        "deliveries, S3 endpoints of its secrets) may reach although they are not global unicast: a customers' "
+        "network peered with this deployment, say. Cloud metadata endpoints and this deployment's own services stay "
+        "refused. Unset in development: loopback and the private ranges (domain/egress.py).",
+    )
+    egress_denied_endpoints: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="host:port of services of this deployment beyond the storage endpoint, database and broker "
+        "(which are always refused): the API's own address, an internal dashboard. Comma-separated; IPv6 as "
+        "[addr]:port.",
     )
 
     # --- capacity: the database pool is sized from the thread count (api/deps.py), so no thread waits for a
@@ -145,6 +157,31 @@ class Settings(BaseSettings):
     database_pool_timeout_seconds: float = Field(
         default=5.0, gt=0, le=60,
         description="Longest wait for a database connection before the request is answered 503 with Retry-After.",
+    )
+    database_statement_timeout_seconds: float = Field(
+        default=30.0, ge=0, le=3600,
+        description="PostgreSQL: longest an API statement may run, waits for locks included, before the database "
+        "cancels it and the request is answered 503 with Retry-After. Set on every connection of the API's pool "
+        "(libpq startup options); 0 leaves the server's setting (needed behind a pooler that refuses startup "
+        "options, such as PgBouncer: set the limits on the database role instead).",
+    )
+    database_idle_in_transaction_timeout_seconds: float = Field(
+        default=15.0, ge=0, le=3600,
+        description="PostgreSQL: an API connection idle inside a transaction for this long is closed by the "
+        "database, which rolls the transaction back and frees its row locks, so no stuck request can hold a lock "
+        "that other requests wait for. 0 leaves the server's setting.",
+    )
+    api_stalled_request_seconds: float = Field(
+        default=10.0, gt=0, le=3600,
+        description="A request that has held a slot this long without starting its response is stalled (waiting "
+        "on a lock, a database connection or a dependency): /readyz then reports the process saturated and "
+        "answers 503 not-ready until no request is stalled.",
+    )
+    api_graceful_shutdown_seconds: float = Field(
+        default=10.0, ge=0, le=600,
+        description="On SIGTERM, `draftsmith api` waits this long for requests in progress to finish, then cancels "
+        "them and their database statements and exits; keep it below the orchestrator's kill deadline "
+        "(Kubernetes: terminationGracePeriodSeconds, 30 s by default).",
     )
 
     # --- the worker (worker/) and publishing ---------------------------------------------------------
@@ -187,6 +224,19 @@ class Settings(BaseSettings):
         default=3, ge=0, le=20, description="Retries of a stage after an infrastructure error (database, broker, "
         "storage unreachable)."
     )
+    worker_database_statement_timeout_seconds: float = Field(
+        default=300.0, ge=0, le=86400,
+        description="PostgreSQL: longest a worker statement may run; the worker's own limit, longer than the API's "
+        "(no client waits on a worker statement, and a bulk delete, such as a resumed stage's metric points, may "
+        "outlast a request). 0 leaves the server's setting.",
+    )
+    worker_database_idle_in_transaction_timeout_seconds: float = Field(
+        default=0.0, ge=0, le=86400,
+        description="PostgreSQL: a worker connection idle inside a transaction for this long is closed by the "
+        "database. 0 (the default) leaves the server's setting: a stage's session may hold a read transaction open "
+        "across a long transfer to or from object storage or the Hub (it takes no row lock there: every state change "
+        "commits at once), and closing it would fail the stage.",
+    )
     broker_visibility_timeout_seconds: int = Field(
         default=12 * 3600, ge=60, description="Redis: an unacknowledged task is redelivered after this long; "
         "longer than any stage."
@@ -205,7 +255,8 @@ class Settings(BaseSettings):
         "machine): *.",
     )
 
-    @field_validator("allowed_file_roots", "s3_trusted_buckets", "hf_trusted_namespaces", mode="before")
+    @field_validator("allowed_file_roots", "s3_trusted_buckets", "hf_trusted_namespaces", "egress_allowed_networks",
+                     "egress_denied_endpoints", mode="before")
     @classmethod
     def _split_roots(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -218,6 +269,25 @@ class Settings(BaseSettings):
         for root in value:
             if not root.startswith("/"):
                 raise ValueError(f"allowed file root {root!r} must be an absolute path")
+        return value
+
+    @field_validator("egress_allowed_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"egress allowed network {network!r} is not a CIDR network such as 10.20.0.0/16")
+        return value
+
+    @field_validator("egress_denied_endpoints")
+    @classmethod
+    def _endpoints(cls, value: list[str]) -> list[str]:
+        for endpoint in value:
+            host, _, port = endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"egress denied endpoint {endpoint!r} must be host:port (IPv6 as [addr]:port)")
         return value
 
     @field_validator("storage_url")
@@ -246,6 +316,8 @@ class Settings(BaseSettings):
             self.s3_trusted_buckets = ["*"]
         if self.env == "development" and "hf_trusted_namespaces" not in self.model_fields_set:
             self.hf_trusted_namespaces = ["*"]
+        if self.env == "development" and "egress_allowed_networks" not in self.model_fields_set:
+            self.egress_allowed_networks = list(DEVELOPMENT_EGRESS_NETWORKS)
         return self
 
     @model_validator(mode="after")

@@ -109,35 +109,74 @@ class LocalStorage:
             raise OSError(f"storage root {self.root} is not writable")
 
 
-def s3_client(settings: Settings, *, endpoint_url: str | None = None, region: str | None = None,
-              access_key_id: str | None = None, secret_access_key: str | None = None,
-              anonymous: bool = False) -> Any:
-    """A boto3 S3 client for the deployment's endpoint and credentials (its storage, trusted buckets), for the
-    ones given (an organisation's own, from its secret), or unsigned (`anonymous`: public buckets only, and no
-    credential from the environment either). Which one a URI gets: domain/storage_scope.py."""
+def s3_client(settings: Settings, *, anonymous: bool = False) -> Any:
+    """A boto3 S3 client for the deployment's endpoint and credentials (its storage, trusted buckets), or unsigned
+    on that endpoint (`anonymous`: public buckets only, and no credential from the environment either). An
+    organisation's own credentials: `organisation_s3_client`. Which one a URI gets: domain/storage_scope.py."""
+    if anonymous:
+        return _client(settings.s3_endpoint_url, settings.s3_region, None, anonymous=True)
+    credentials = None
+    if settings.s3_access_key_id and settings.s3_secret_access_key:
+        credentials = (settings.s3_access_key_id, settings.s3_secret_access_key.get_secret_value())
+    return _client(settings.s3_endpoint_url, settings.s3_region, credentials)
+
+
+def organisation_s3_client(settings: Settings, *, access_key_id: str, secret_access_key: str,
+                           endpoint_url: str | None, region: str | None) -> Any:
+    """A client with an organisation's own credentials, for the endpoint its secret names (AWS when it names none:
+    never the deployment's own endpoint). Every connection it opens goes through the egress policy, to the
+    address that policy checked (domain/egress.py): a secret's endpoint that resolves, now or after a DNS change,
+    to our storage, database or private networks is refused at connect."""
+    from domain.egress import EgressPolicy
+
+    client = _client(endpoint_url, region or settings.s3_region, (access_key_id, secret_access_key))
+    _pin_connections(client, EgressPolicy.from_settings(settings))
+    return client
+
+
+def _client(endpoint_url: str | None, region: str, credentials: tuple[str, str] | None, *,
+            anonymous: bool = False) -> Any:
     import boto3  # imported here: a local-storage deployment never pays for botocore
     from botocore import UNSIGNED
     from botocore.config import Config
 
-    credentials: dict[str, Any] = {}
-    signing: dict[str, Any] = {"signature_version": UNSIGNED if anonymous else "s3v4"}
-    if anonymous:
-        pass
-    elif access_key_id and secret_access_key:
-        credentials = {"aws_access_key_id": access_key_id, "aws_secret_access_key": secret_access_key}
-    elif settings.s3_access_key_id and settings.s3_secret_access_key:
-        credentials = {
-            "aws_access_key_id": settings.s3_access_key_id,
-            "aws_secret_access_key": settings.s3_secret_access_key.get_secret_value(),
-        }
+    keys = {"aws_access_key_id": credentials[0], "aws_secret_access_key": credentials[1]} if credentials else {}
     return boto3.client(
-        "s3",
-        endpoint_url=endpoint_url or settings.s3_endpoint_url,
-        region_name=region or settings.s3_region,
-        config=Config(**signing, retries={"max_attempts": 3, "mode": "standard"},
-                      connect_timeout=5, read_timeout=60),
-        **credentials,
+        "s3", endpoint_url=endpoint_url, region_name=region,
+        config=Config(signature_version=UNSIGNED if anonymous else "s3v4",
+                      retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=60),
+        **keys,
     )
+
+
+def _pin_connections(client: Any, policy: Any) -> None:
+    """Swap the connection classes of `client`'s HTTP session for ones that ask `policy` for the address of every new
+    connection (a redirect, a retry, a proxy included) and connect to exactly it; TLS still verifies the URL's
+    host name. botocore keeps its pool classes in one attribute, read when a pool (or a proxy's pool) is made."""
+    import botocore.awsrequest
+    from urllib3.exceptions import NewConnectionError
+    from urllib3.util import connection
+
+    def pinned(pool_class: type) -> type:
+        class PinnedConnection(pool_class.ConnectionCls):  # type: ignore[name-defined,misc]
+            def _new_conn(self):  # noqa: ANN202 (urllib3's own signature)
+                address = policy.connect_address(self._dns_host, self.port)
+                try:
+                    return connection.create_connection((address, self.port), self.timeout,
+                                                        source_address=self.source_address,
+                                                        socket_options=self.socket_options)
+                except OSError as exc:
+                    raise NewConnectionError(self, f"Failed to establish a new connection: {exc}") from exc
+
+        return type(f"Pinned{pool_class.__name__}", (pool_class,), {"ConnectionCls": PinnedConnection})
+
+    session = client._endpoint.http_session
+    classes = {"http": pinned(botocore.awsrequest.AWSHTTPConnectionPool),
+               "https": pinned(botocore.awsrequest.AWSHTTPSConnectionPool)}
+    session._pool_classes_by_scheme = classes
+    session._manager.pool_classes_by_scheme = classes
+    for manager in session._proxy_managers.values():
+        manager.pool_classes_by_scheme = classes
 
 
 class S3Storage:

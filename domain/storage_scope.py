@@ -12,8 +12,8 @@ fetch and every publish, since specs are stored (a row can be edited) and a work
   `bucket.<endpoint host>`, as a bucket name or as an endpoint); a path-style spelling
   (`s3://<endpoint host>/<bucket>/...`); an alias of the endpoint (another name or address of the same server;
   any AWS S3 endpoint when the deployment is on AWS, where bucket names are global; every spelling of a host, numeric
-  IPv4 forms and IPv4-in-IPv6 included: domain/s3_endpoints.py); through the path of the endpoint it is sent to
-  (botocore puts that path before the bucket). A `file://` URI reaches it
+  IPv4 forms and IPv4-in-IPv6 included: domain/s3_endpoints.py); through the path of the deployment's endpoint
+  (botocore puts that path before the bucket). These are readings of the URI's text by our own server. A `file://` URI reaches it
   when the path resolves (symbolic links included) into the local storage root. Readings are taken together:
   one that lands in the deployment's storage decides.
 - Such a URI is accepted for *reading* only when it is spelled plainly (the storage prefix, then segments of
@@ -33,9 +33,11 @@ organisation is the operator). An organisation reads its own buckets
 with its own secret: the one a publish destination names (`credentials_secret`), else a secret named
 `s3.<bucket>`, else one named `s3`; without one a read is anonymous (public buckets only) and a publish refused
 (`choose_access` is the order).
-A secret's own endpoint is judged too (`check_s3_endpoint`, issue 32), at PUT /v1/secrets and in the worker
-before every use: on the deployment's storage server, by any spelling, it may carry no path and may not name the
-deployment's bucket in its host, since either routes a request for another bucket into ours.
+A secret's own endpoint is judged by the address it reaches, not by how it is spelled (`check_s3_endpoint`, the
+egress policy of domain/egress.py): at PUT /v1/secrets, in the worker before every use, and by the client itself
+at every connection. It can never reach the deployment's storage server, so no reading of a URI through it can
+land in our bucket; and an organisation's credentials are never sent to the deployment's endpoint (a secret
+without `endpoint_url` means AWS).
 
 The Hugging Face Hub (`choose_hub_access`) is an outside store of the same kind: the deployment's `hf_token` may
 read private repos, or write to namespaces, that no customer should reach through the service. A Hub request
@@ -60,12 +62,7 @@ from urllib.parse import urlsplit
 from domain.settings import Settings
 from schemas.bounds import file_uri_path
 from domain.storage import check_key
-from domain.s3_endpoints import (
-    endpoint_path,
-    is_endpoint_host,
-    same_host,
-    virtual_host_label,
-)
+from domain.s3_endpoints import endpoint_path, is_endpoint_host, virtual_host_label
 _SECRET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")  # schemas.job_spec.SECRET_NAME_PATTERN
 DEFAULT_S3_SECRET = "s3"
 DEFAULT_HUB_SECRET = "hf"
@@ -147,19 +144,15 @@ def _own_key(relative: str, tenant: Tenant, uri: str) -> str:
     return plain
 
 
-def _check_s3(uri: str, settings: Settings, tenant: Tenant, *, write: bool,
-              endpoint_url: str | None) -> DeploymentObject | None:
+def _check_s3(uri: str, settings: Settings, tenant: Tenant, *, write: bool) -> DeploymentObject | None:
     deployment = _deployment_bucket(settings)
     if deployment is None:
         return None
     storage_bucket, prefix = deployment
     bucket, _, key = uri.removeprefix("s3://").partition("/")
-    endpoints = [settings.s3_endpoint_url]  # the API's view, always (it cannot see a secret's endpoint)
-    if endpoint_url is not None and endpoint_url != settings.s3_endpoint_url:
-        # The endpoint this fetch really goes to: its own aliases, bucket label and path count too, even when it is
-        # another spelling of the deployment's server (`http://<bucket>.localhost` is the same host, read otherwise).
-        endpoints.append(endpoint_url)
-    hits = {(b, k) for endpoint in endpoints for b, k in _s3_readings(bucket, key, endpoint)
+    # Read as the deployment's endpoint would take it. An organisation's own endpoint never reaches that server
+    # (the egress policy refuses its addresses), so its readings need no judging here.
+    hits = {(b, k) for b, k in _s3_readings(bucket, key, settings.s3_endpoint_url)
             if b.lower() == storage_bucket.lower()}
     if not hits:
         return None
@@ -176,47 +169,33 @@ def _check_s3(uri: str, settings: Settings, tenant: Tenant, *, write: bool,
     return DeploymentObject(_own_key(key[len(prefix) + 1:] if prefix else key, tenant, uri))
 
 
-# --- an organisation's own S3 endpoint (issue 32) ---------------------------------------------------------------
+# --- an organisation's own S3 endpoint -------------------------------------------------------------------------
 
 S3_SECRET_SHAPE = '{"access_key_id", "secret_access_key", "endpoint_url"?, "region"?}'
 _REGION_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$")  # botocore's own region rule
 
 
 def check_s3_endpoint(endpoint_url: str, settings: Settings) -> None:
-    """Refuse (StorageScopeError, with the fix) an S3 secret's endpoint that reaches the deployment's storage in a
-    way the URI rule cannot see. botocore keeps an endpoint's path and appends `/<bucket>/<key>`: the endpoint
-    `http://<storage host>/<storage bucket>` makes `s3://<prefix>/files/<org A>/x` read A's upload. The rule:
-    on the host of the deployment's storage (any spelling: domain/s3_endpoints.py; any port, since another port
-    of that machine may be a proxy in front of the same store; any AWS host when the deployment is on AWS) an
-    endpoint has no path and does not name the deployment's bucket virtual-host style. Paths stay allowed on
-    other hosts (some S3-compatible services live under one, e.g. `https://<project>.supabase.co/storage/v1/s3`),
-    where they cannot lead into our bucket; the URI readings (`_s3_readings`) still count a path's first
-    segment as a bucket, wherever the endpoint is."""
+    """Refuse (StorageScopeError, with the fix) an S3 secret's endpoint that is not a plain http(s) URL, or whose
+    host resolves to an address the egress policy refuses: this deployment's own storage, database or broker at
+    any address of theirs, loopback, link-local, private and IPv4-carrying IPv6 addresses (domain/egress.py). A
+    path is allowed (some S3-compatible services live under one): no path on another server leads into our
+    bucket. The worker's client checks every connection again (a name may resolve elsewhere later)."""
+    from domain.egress import EgressPolicy, EgressRefused, url_syntax_problem
+
     parts = urlsplit(endpoint_url)
+    problem = url_syntax_problem(endpoint_url)
+    if problem is None and (parts.query or parts.fragment):
+        problem = "must not carry a query or a fragment"
+    if problem:
+        raise StorageScopeError(f"endpoint_url {endpoint_url!r} {problem}; write it as https://host[:port] and put "
+                                "the keys in access_key_id and secret_access_key")
     try:
-        port_ok = parts.port is None or 0 < parts.port
-    except ValueError:  # not a number, or above 65535
-        port_ok = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
-        raise StorageScopeError(f"endpoint_url {endpoint_url!r} is not an S3 endpoint; write it as "
-                                "https://host[:port]")
-    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
-        raise StorageScopeError(f"endpoint_url {endpoint_url!r} carries user info, a query or a fragment; write it "
-                                "as https://host[:port] and put the keys in access_key_id and secret_access_key")
-    plain = f"{parts.scheme}://{parts.netloc}"
-    if same_host(endpoint_url, settings.s3_endpoint_url) and endpoint_path(endpoint_url):
-        raise StorageScopeError(
-            f"endpoint_url {endpoint_url!r} points at the server of Draftsmith's own storage with a path; S3 clients "
-            "put an endpoint's path before every bucket and key, so there it could reach another organisation's "
-            f"objects. Remove the path ({plain}) and name your bucket in the s3:// URI")
-    deployment = _deployment_bucket(settings)
-    label = virtual_host_label(endpoint_url)
-    rest = (parts.hostname or "").partition(".")[2]
-    if deployment and label == deployment[0].lower() and rest and same_host(f"{parts.scheme}://{rest}",
-                                                                              settings.s3_endpoint_url):
-        raise StorageScopeError(
-            f"endpoint_url {endpoint_url!r} names Draftsmith's own bucket in its host; its objects are not "
-            f"reachable with an organisation's credentials. Use your own server's endpoint (https://host[:port])")
+        EgressPolicy.from_settings(settings).check_url(endpoint_url)
+    except EgressRefused as exc:
+        raise StorageScopeError(f"endpoint_url {endpoint_url!r}: {exc}. Give your own S3-compatible server's public "
+                                "address (https://host[:port]); Draftsmith's own storage is reached by uploads "
+                                "(POST /v1/files) and drafter ids, never through a secret") from None
 
 
 def s3_secret_problems(given: dict, settings: Settings) -> list[tuple[str, str]]:
@@ -284,13 +263,11 @@ def _check_file(uri: str, settings: Settings, tenant: Tenant, *, write: bool) ->
     return DeploymentObject(_own_key(real_relative, tenant, uri))
 
 
-def check_storage_uri(uri: str, settings: Settings, tenant: Tenant, *, write: bool = False,
-                      endpoint_url: str | None = None) -> DeploymentObject | None:
+def check_storage_uri(uri: str, settings: Settings, tenant: Tenant, *, write: bool = False) -> DeploymentObject | None:
     """The rule (module docstring). Returns where in the deployment's storage the URI lies (under the tenant's
-    own prefix) or None when it lies elsewhere; raises StorageScopeError when it may not be used. `endpoint_url`:
-    the endpoint the caller will really contact, when it is not the deployment's (an organisation secret's)."""
+    own prefix) or None when it lies elsewhere; raises StorageScopeError when it may not be used."""
     if uri.lower().startswith("s3://"):
-        return _check_s3(uri, settings, tenant, write=write, endpoint_url=endpoint_url)
+        return _check_s3(uri, settings, tenant, write=write)
     if uri.lower().startswith("file:"):
         return _check_file(uri, settings, tenant, write=write)
     return None  # hf://, bundled:, builtin, file-..., drf_...: not storage, or checked by id and organisation

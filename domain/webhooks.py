@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from domain.drafters import rollout_summary
 from domain.models import Job, JobLabel, Webhook, WebhookAttempt, WebhookDelivery, utcnow
-from domain.outbound import OutboundRefused, check_outbound_url, check_url_syntax, outbound_client, send_pinned
+from domain.egress import EgressPolicy, EgressRefused, outbound_client, send_pinned
 from domain.redaction import redact_url
 from domain.settings import Settings
 
@@ -51,12 +51,6 @@ def sign_payload(secret: str, msg_id: str, timestamp: int, body: str) -> str:
     key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
     mac = hmac.new(key, f"{msg_id}.{timestamp}.{body}".encode(), hashlib.sha256).digest()
     return "v1," + base64.b64encode(mac).decode()
-
-
-def check_webhook_url(url: str, *, allow_private: bool) -> str | None:
-    """Why `url` is unacceptable as written, or None (no DNS lookup: registration and every delivery
-    also resolve the host and check each address, see domain/outbound.py)."""
-    return check_url_syntax(url, allow_private=allow_private)
 
 
 def job_summary(session: Session, job: Job) -> dict[str, Any]:
@@ -162,10 +156,10 @@ def _send(client: httpx.Client, url: str, secret: str, delivery: WebhookDelivery
     try:
         # Resolved and checked at every attempt (DNS may have changed since registration), then sent to
         # the very address that was checked.
-        target = check_outbound_url(url, allow_private=settings.webhook_allow_private_targets)
+        target = EgressPolicy.from_settings(settings).check_url(url)
         response = send_pinned(client, target, content=delivery.payload.encode(), headers=headers)
         status, error = response.status_code, None
-    except OutboundRefused as exc:
+    except EgressRefused as exc:
         status, error = None, f"refused: {exc}"[:500]
     except httpx.HTTPError as exc:
         status, error = None, f"{type(exc).__name__}: {exc}"[:500]

@@ -9,7 +9,10 @@ the worker and the trainer, so all of them accept exactly the same inputs.
   build huge integers; the fields' own bounds then keep integers within 64 bits;
 - paths are compared with allowed roots after resolving symlinks (`resolved_path_within_roots`);
 - a `file://` URI names one local path, read by one parser everywhere (`file_uri_path`);
-- a target size used as a divisor lies in a plausible range (`plausible_target_parameters_billion`).
+- a target size used as a divisor lies in a plausible range (`plausible_target_parameters_billion`);
+- a JSON body's values have the JSON type of their field (`JsonBody`, the base of every model the API takes as a
+  body and of every section nested in one): no `true`, `"12"` or `12.0` for an integer, no `true` or `"0.7"` for a
+  number, no `1` or `"true"` for a boolean.
 
 Pure standard library + pydantic.
 """
@@ -23,7 +26,8 @@ import re
 from typing import Annotated, Any
 from urllib.parse import unquote, urlsplit
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -63,6 +67,31 @@ def check_text(value: str, *, multiline: bool = False) -> str:
 
 SingleLineText = Annotated[str, AfterValidator(check_text)]
 MultilineText = Annotated[str, AfterValidator(lambda value: check_text(value, multiline=True))]
+
+
+class JsonBody(BaseModel):
+    """A model the API takes as a JSON body, or a section nested in one: unknown fields are errors (a typo like
+    `blocksize` must not be silently ignored), and so is a value of another JSON type than its field's (strict
+    mode). Lax pydantic would read `true` as 1, `"12"` as 12 and `12.0` as 12 for an integer, `true` and `"0.7"`
+    for a number and `1` or `"yes"` for a boolean: a client's typo or a wrong serialiser would then become a job
+    nobody asked for. An integer for a number stays accepted (JSON has one number type: `1` is a fine temperature).
+
+    Strict mode holds for Python callers too (the CLI, the trainer, stored specs read back): they pass values of
+    the fields' own types, and a JSON document read back has the types it was written with."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _integer_input(value: Any) -> Any:
+    # A Literal of integers matches 2.0 (equal to 2, and hashed alike) even in strict mode, and True where 1 is a
+    # choice: this keeps an integer choice as strict as an integer field.
+    if isinstance(value, (bool, float)):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+INTEGER_CHOICE = BeforeValidator(_integer_input)
+"""`Annotated[Literal[2, 3], INTEGER_CHOICE]`: a choice of integers that takes JSON integers only."""
 
 
 class JsonInputError(ValueError):

@@ -22,7 +22,6 @@ from typing import Annotated, Literal
 from urllib.parse import unquote
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -31,7 +30,8 @@ from pydantic import (
 )
 
 from schemas import recipe
-from schemas.bounds import INT32_MAX, SingleLineText, check_text, file_uri_path, resolved_path_within_roots
+from schemas.bounds import (INT32_MAX, INTEGER_CHOICE, JsonBody, SingleLineText, check_text, file_uri_path,
+                            resolved_path_within_roots)
 from schemas.compute import DEVICE_AUTO, DEVICE_SETTINGS, DTYPE_SETTINGS, Dtype, check_device_setting
 from schemas.prompts import BUILTIN_PROMPT_COUNT, MAX_PROMPTS_PER_JOB
 from schemas.sampling import SamplingParams
@@ -156,10 +156,11 @@ def _file_roots(info: ValidationInfo) -> list[str] | None:
     return list(roots) if roots else None
 
 
-class StrictModel(BaseModel):
-    """Unknown fields are errors: a typo like `blocksize` must not be silently ignored."""
+class StrictModel(JsonBody):
+    """A section of a job or audit body: unknown fields and values of the wrong JSON type are errors (`JsonBody`);
+    frozen, so an admitted spec cannot change under its hash."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
 
 class TargetSpec(StrictModel):
@@ -280,7 +281,7 @@ class TrainingBudget(StrictModel):
         description="Steps between resumable checkpoints, copied to object storage: a lost worker costs at most "
         "this many steps. One is also written at the end and on cancellation.",
     )
-    zero_stage: Literal[2, 3] = Field(
+    zero_stage: Annotated[Literal[2, 3], INTEGER_CHOICE] = Field(
         default=recipe.ZERO_STAGE, description="DeepSpeed ZeRO stage: 2 (default) or 3 for drafters too large to replicate."
     )
     warmup_share: float | None = Field(

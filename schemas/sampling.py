@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from schemas import recipe
-from schemas.bounds import SEED_MAX, MultilineText
+from schemas.bounds import SEED_MAX, JsonBody, MultilineText
 
 
-class ChatTemplateOptions(BaseModel):
+class ChatTemplateOptions(JsonBody):
     """How prompts are rendered through the target's own chat template."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     enable_thinking: bool | None = Field(
         default=None,
@@ -25,10 +25,10 @@ class ChatTemplateOptions(BaseModel):
     )
 
 
-class SamplingParams(BaseModel):
+class SamplingParams(JsonBody):
     """Decoding settings. temperature 0 means greedy; top_k 0 and top_p 1 disable those filters."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     temperature: float = Field(
         default=0.0, ge=0.0, le=2.0,

@@ -53,3 +53,21 @@ def reference_dflash():
     dflash.model._cuda_time = time.perf_counter
     yield dflash.model
     dflash.model._cuda_time = original
+
+
+# This machine has no DNS. Names under example.com and .example stand for customers' public servers in the
+# tests, so the egress policy (domain/egress.py) resolves them to a public address (example.com's own); every
+# other name goes to the system resolver (/etc/hosts). Tests of rebinding install their own resolver on top.
+EXAMPLE_PUBLIC_ADDRESS = "93.184.216.34"
+
+
+@pytest.fixture(autouse=True)
+def _example_names_resolve_publicly(monkeypatch):
+    import domain.egress as egress
+
+    def resolve(host: str, port: int) -> list[str]:
+        if host == "example.com" or host.endswith((".example.com", ".example")):
+            return [EXAMPLE_PUBLIC_ADDRESS]
+        return egress.system_resolver(host, port)
+
+    monkeypatch.setattr(egress, "resolver", resolve)

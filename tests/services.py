@@ -74,14 +74,15 @@ def fresh_postgres_database(prefix: str) -> tuple[str, Callable[[], None]]:
 
 
 @contextmanager
-def moto_server(*, check_credentials: bool = False) -> Iterator[str]:
-    """A `moto_server` (S3) on a free port; yields its endpoint URL. With `check_credentials` it authenticates
-    every request (moto's IAM mode), so unknown keys are refused as real S3 refuses them."""
+def moto_server(*, check_credentials: bool = False, bind: str = "127.0.0.1") -> Iterator[str]:
+    """A `moto_server` (S3) on a free port; yields its endpoint URL (on 127.0.0.1). With `check_credentials` it
+    authenticates every request (moto's IAM mode), so unknown keys are refused as real S3 refuses them. `bind`:
+    the address it listens on; "::" is every interface, IPv4 and IPv6 (link-local included)."""
     port = free_port()
     env = {**os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if check_credentials else {})}
     # The pinned moto of this environment, not whatever `moto_server` happens to be first on PATH
     # (an older one there ignores response-content-disposition on presigned GETs).
-    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", bind, "-p", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     endpoint = f"http://127.0.0.1:{port}"
 

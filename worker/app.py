@@ -114,11 +114,12 @@ class Reaper(threading.Thread):
 
     def run(self) -> None:
         from domain import runs as runner
-        from domain.db import create_db_engine, create_session_factory
+        from domain.db import SessionTimeouts, create_db_engine, create_session_factory
 
         settings = _settings
         # No pooled connections in the pool's parent process: forked children must not inherit live sockets.
-        factory = create_session_factory(create_db_engine(settings.database_url, null_pool=True))
+        factory = create_session_factory(create_db_engine(settings.database_url, null_pool=True,
+                                                          timeouts=SessionTimeouts.for_worker(settings)))
         interval = max(1.0, settings.worker_stale_after_seconds / 4)
         while not self.stopped.wait(interval):
             try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from domain.db import create_db_engine, create_session_factory
+from domain.db import SessionTimeouts, create_db_engine, create_session_factory
 from domain.settings import Settings, load_settings
 from domain.storage import LocalStorage, S3Storage, storage_from_settings
 
@@ -25,7 +25,9 @@ class WorkerContext:
 
     @cached_property
     def session_factory(self) -> sessionmaker[Session]:
-        return create_session_factory(create_db_engine(self.settings.database_url))
+        # The worker's own database limits (longer statements than the API's; see Settings).
+        return create_session_factory(create_db_engine(self.settings.database_url,
+                                                       timeouts=SessionTimeouts.for_worker(self.settings)))
 
     @cached_property
     def storage(self) -> LocalStorage | S3Storage:

@@ -32,8 +32,8 @@ from schemas.validation_report import ValidationReport
 from trainer.drafter.checkpoint import drafter_folder, drafter_prefix
 from trainer.errors import DraftsmithError
 from worker.reporting import JobRecords
-from worker.sources import (PRIVATE_BUCKET_HINT, Caller, Resolved, StorageNotAllowed, _fetch_hub, local_file,
-                            open_s3)
+from worker.sources import (PRIVATE_BUCKET_HINT, Caller, Resolved, StorageNotAllowed, _fetch_hub, fetch_cache,
+                            local_file, open_s3)
 
 DRAFTER_FILES = ("config.json", "*.safetensors", "report.json", "drafter/config.json", "drafter/*.safetensors")
 
@@ -47,7 +47,7 @@ def resolve_drafter(reference: str, ctx, org_id: str) -> Resolved:
     cache = ctx.cache / "drafters"
     caller = Caller(org_id, ctx.session_factory)
     if DRAFTER_ID_RE.match(reference):
-        return _published(reference, ctx, org_id, cache)
+        return _published(reference, ctx, org_id, fetch_cache(cache, caller, "published", reference))
     if reference.startswith("file:"):
         path = Path(local_file(reference, ctx.settings, "drafter", caller))
         return Resolved(_drafter_dir(path, reference))
@@ -74,7 +74,7 @@ def _drafter_dir(path: Path, reference: str) -> str:
                           "drafter directory or an exported artifact folder")
 
 
-def _published(drafter_id: str, ctx, org_id: str, cache: Path) -> Resolved:
+def _published(drafter_id: str, ctx, org_id: str, local: Path) -> Resolved:
     with ctx.session_factory() as session:
         row = session.scalar(select(Drafter).join(Job, Job.id == Drafter.job_id).where(
             Drafter.id == drafter_id, Drafter.org_id == org_id, Job.status == "succeeded"))
@@ -83,7 +83,6 @@ def _published(drafter_id: str, ctx, org_id: str, cache: Path) -> Resolved:
         artifacts = {a.name: (a.storage_key, a.sha256) for a in session.scalars(
             select(Artifact).where(Artifact.job_id == row.job_id))}
         manifest_sha = row.manifest_sha256
-    local = cache / drafter_id
     wanted = {name: entry for name, entry in artifacts.items()
               if name.startswith("drafter/") or name == "report.json"}
     if "drafter/config.json" not in wanted:
@@ -98,8 +97,8 @@ def _published(drafter_id: str, ctx, org_id: str, cache: Path) -> Resolved:
 def _from_s3(uri: str, settings: Settings, cache: Path, caller: Caller) -> Resolved:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    client, bucket, prefix, _ = open_s3(uri, settings, caller, what="drafter")
-    prefix = prefix.strip("/")
+    handle = open_s3(uri, settings, caller, what="drafter")
+    client, bucket, prefix = handle.client, handle.bucket, handle.key.strip("/")
     try:
         keys = {item["Key"][len(prefix) + 1 if prefix else 0:]: item for page in
                 client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
@@ -111,7 +110,7 @@ def _from_s3(uri: str, settings: Settings, cache: Path, caller: Caller) -> Resol
         wanted = [name for name in keys if name in (f"{nested}config.json", "report.json")
                   or (name.startswith(nested) and name.endswith(".safetensors") and "/" not in name[len(nested):])]
         revision = hashlib.sha256("".join(sorted(n + keys[n]["ETag"] for n in wanted)).encode()).hexdigest()[:16]
-        local = cache / "s3" / f"{hashlib.sha256(uri.encode()).hexdigest()[:16]}-{revision}"
+        local = fetch_cache(cache, caller, "s3", handle.identity, uri) / revision
         for name in wanted:
             path = local / name
             if not (path.is_file() and path.stat().st_size == keys[name]["Size"]):

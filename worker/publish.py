@@ -58,9 +58,10 @@ def publish_job(ctx: WorkerContext, job: Job, spec: JobSpec, reporter: StageRepo
         secrets: list[str] = []
         try:
             if isinstance(destination, S3Destination):
-                client, bucket, prefix, secrets = s3_targets[index]
-                location, revision, url = _to_s3(client, bucket, prefix, job, destination, folder, manifest,
-                                                 fingerprint)
+                target = s3_targets[index]
+                secrets = target.scrub
+                location, revision, url = _to_s3(target.client, target.bucket, target.key, job, destination, folder,
+                                                 manifest, fingerprint)
             else:
                 token = hub_tokens[index]
                 assert token, "hub_token refuses a publish without a token (write=True)"

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from domain.redaction import register_secret_values
 from domain.secrets import SecretUnavailable, parse_hub_token, parse_s3_credentials, secret_value
 from domain.settings import Settings
-from domain.storage import s3_client
+from domain.storage import organisation_s3_client, s3_client
 from domain.storage_scope import (
     HUB_SECRETS_HINT,
     StorageScopeError,
@@ -87,41 +87,66 @@ class Caller:
     session_factory: sessionmaker[Session]
 
 
+@dataclass(frozen=True)
+class S3Handle:
+    """A client for one URI under the scoping rule, with what its caches and messages need to know."""
+
+    client: Any
+    bucket: str
+    key: str
+    scrub: list[str]
+    """Credential values in use, kept out of messages."""
+    identity: str
+    """Who reads, and where: the deployment's credentials, none, or a secret's key id at its endpoint. Cached
+    bytes are keyed by it (with the organisation), so one identity never receives what another fetched."""
+
+
 def open_s3(uri: str, settings: Settings, caller: Caller, *, what: str, write: bool = False,
-            explicit_secret: str | None = None) -> tuple[Any, str, str, list[str]]:
-    """A client for `uri` with the credentials the scoping rule allows, its bucket and key, and the credential
-    values in use (for scrubbing messages). Raises StorageNotAllowed naming `what` and the fix."""
+            explicit_secret: str | None = None) -> S3Handle:
+    """A client for `uri` with the credentials the scoping rule allows. Raises StorageNotAllowed naming `what` and
+    the fix."""
     bucket, _, key = uri.removeprefix("s3://").partition("/")
+    deployment = f"deployment@{settings.s3_endpoint_url or 'aws'}"
     with caller.session_factory() as session:
         tenant = tenant_for(session, caller.org_id)
         try:
-            if check_storage_uri(uri, settings, tenant, write=write) is not None:
-                return s3_client(settings), bucket, key, []  # the organisation's own objects in our storage
+            if check_storage_uri(uri, settings, tenant, write=write) is not None:  # its own objects in our storage
+                return S3Handle(s3_client(settings), bucket, key, [], deployment)
             access = choose_s3_access(bucket, settings, tenant.secret_names(), explicit_secret=explicit_secret,
                                       write=write)
             if access.kind == "deployment":
-                return s3_client(settings), bucket, key, []
+                return S3Handle(s3_client(settings), bucket, key, [], deployment)
             if access.kind == "anonymous":
-                return s3_client(settings, anonymous=True), bucket, key, []
+                return S3Handle(s3_client(settings, anonymous=True), bucket, key, [], f"anonymous@{deployment}")
             assert access.secret is not None
             raw = secret_value(session, settings, caller.org_id, access.secret)
             register_secret_values(raw)  # kept out of every log line of this process
             credentials = parse_s3_credentials(raw, access.secret)
             register_secret_values(credentials["secret_access_key"])
-            # The secret's endpoint, judged before every use: one stored before the rule (issue 32), or since the
-            # deployment's storage moved, must not route this request into Draftsmith's own bucket.
+            # Judged before every use (a secret stored under an older rule, a name that resolves elsewhere now);
+            # the client judges every connection again (domain/egress.py).
             problems = s3_secret_problems(credentials, settings)
             if problems:
                 field, problem = problems[0]
                 raise StorageScopeError(f"{uri}: your secret {access.secret!r}, {field}: {problem} (store it again "
                                         f"with PUT /v1/secrets/{access.secret})")
-            # Judged again at the endpoint this request really goes to: an alias of ours counts as ours.
-            check_storage_uri(uri, settings, tenant, write=write, endpoint_url=credentials["endpoint_url"])
         except StorageScopeError as exc:
             raise StorageNotAllowed(f"{what}: {exc}") from None
         except SecretUnavailable as exc:
             raise StorageNotAllowed(f"{what} {uri}: {exc}") from None
-    return s3_client(settings, **credentials), bucket, key, [raw, str(credentials["secret_access_key"])]
+    client = organisation_s3_client(settings, **credentials)  # type: ignore[arg-type]
+    identity = "|".join(("secret", str(credentials["endpoint_url"] or "aws"), str(credentials["region"] or ""),
+                         str(credentials["access_key_id"]),
+                         hashlib.sha256(str(credentials["secret_access_key"]).encode()).hexdigest()))
+    return S3Handle(client, bucket, key, [raw, str(credentials["secret_access_key"])], identity)
+
+
+def fetch_cache(cache: Path, caller: Caller, kind: str, *identity: str) -> Path:
+    """Where fetched bytes of `kind` live for this organisation and identity (who read them, from where, which
+    URI). Never shared across organisations: another organisation naming the same URI, even one whose endpoint
+    holds a look-alike object, fetches its own copy with its own credentials."""
+    digest = hashlib.sha256("\0".join(identity).encode()).hexdigest()[:24]
+    return cache / "orgs" / caller.org_id / kind / digest
 
 
 def hub_token(repo: str, settings: Settings, caller: Caller, *, what: str, write: bool = False,
@@ -208,7 +233,7 @@ def resolve_prompts(source: str, settings: Settings, cache: Path, *, caller: Cal
     if source == "builtin":
         return Resolved("builtin")
     if source.startswith("file-"):
-        local = cache / "files" / f"{source}.jsonl"
+        local = cache / "orgs" / caller.org_id / "files" / f"{source}.jsonl"
         if not local.is_file():
             storage.get_file(uploaded_key, local)
         return Resolved(str(local))  # counted (and capped) when it was uploaded
@@ -270,8 +295,8 @@ def _fetch_s3_prefix(uri: str, settings: Settings, cache: Path, patterns: tuple[
                      caller: Caller, check: Callable[..., None] = stop_check(None, "target")) -> Resolved:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    client, bucket, prefix, _ = open_s3(uri, settings, caller, what="target")
-    prefix = prefix.strip("/")
+    handle = open_s3(uri, settings, caller, what="target")
+    client, bucket, prefix = handle.client, handle.bucket, handle.key.strip("/")
     try:
         objects = [item for page in client.get_paginator("list_objects_v2").paginate(
                    Bucket=bucket, Prefix=f"{prefix}/" if prefix else "") for item in page.get("Contents", [])]
@@ -287,7 +312,7 @@ def _fetch_s3_prefix(uri: str, settings: Settings, cache: Path, patterns: tuple[
         raise TargetNotFound(f"target {uri}: no checkpoint files under this prefix (expected config.json, "
                              "*.safetensors and tokenizer files)")
     revision = hashlib.sha256("".join(sorted(i["Key"] + i["ETag"] for i in wanted)).encode()).hexdigest()[:16]
-    local = cache / "s3" / f"{hashlib.sha256(uri.encode()).hexdigest()[:16]}-{revision}"
+    local = fetch_cache(cache, caller, "s3", handle.identity, uri) / revision
     for item in wanted:
         file = local / item["Key"].rsplit("/", 1)[-1]
         if not (file.is_file() and file.stat().st_size == item["Size"]):
@@ -301,10 +326,13 @@ def _fetch_s3_object(uri: str, settings: Settings, cache: Path, caller: Caller,
                      check: Callable[..., None] = stop_check(None, "prompts")) -> Resolved:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    client, bucket, key, _ = open_s3(uri, settings, caller, what="prompts")
-    local = cache / "s3" / hashlib.sha256(uri.encode()).hexdigest()[:16] / key.rsplit("/", 1)[-1]
+    handle = open_s3(uri, settings, caller, what="prompts")
+    client, bucket, key = handle.client, handle.bucket, handle.key
     try:
         head = client.head_object(Bucket=bucket, Key=key)
+        # Keyed by who read it and by the object's version (ETag): a changed object is fetched again.
+        version = hashlib.sha256(f"{head.get('ETag', '')}|{head['ContentLength']}".encode()).hexdigest()[:16]
+        local = fetch_cache(cache, caller, "s3", handle.identity, uri) / version / key.rsplit("/", 1)[-1]
         if not (local.is_file() and local.stat().st_size == head["ContentLength"]):
             local.parent.mkdir(parents=True, exist_ok=True)
             client.download_file(bucket, key, str(local), Callback=check)
@@ -330,7 +358,7 @@ def _fetch_hub(uri: str, settings: Settings, cache: Path, patterns: tuple[str, .
     try:
         info = HfApi(endpoint=settings.hf_endpoint, token=token).repo_info(repo, revision=revision or None,
                                                                            repo_type=repo_type)
-        local = cache / "hub" / repo.replace("/", "--") / info.sha
+        local = fetch_cache(cache, caller, "hub", str(settings.hf_endpoint), repo_type, repo) / info.sha
         snapshot_download(repo, revision=info.sha, repo_type=repo_type, allow_patterns=list(patterns),
                           local_dir=local, endpoint=settings.hf_endpoint, token=token,
                           tqdm_class=_stopping_progress(check) if check is not None else None)

@@ -7,6 +7,7 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from sqlalchemy.orm import Session
 
 from domain.audits import (
     cancel_audit,
@@ -16,7 +17,7 @@ from domain.audits import (
     organisation_thresholds,
     parse_audit_spec,
 )
-from api.deps import AdminPrincipal, ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
+from api.deps import AdminPrincipal, ReadPrincipal, ServicesDep, SessionDep, WritePrincipal, run_write
 from domain.models import Organisation
 from domain.errors import FieldError, InvalidRequest
 from api.problems import problem_responses
@@ -74,10 +75,16 @@ def get(principal: ReadPrincipal, session: SessionDep, audit_id: str) -> AuditOu
     "/v1/audits/{audit_id}/cancel", response_model=AuditOut, summary="Cancel an audit",
     description="A queued audit is cancelled at once and never starts; a running one becomes `cancelling` until its "
     "worker stops, within seconds, and then `cancelled`. Cancelling a cancelling/cancelled audit is a no-op; a "
-    "finished one (succeeded, failed) answers 409 `invalid-transition`.",
-    responses=problem_responses(401, 403, 404, 409))
-def cancel(principal: WritePrincipal, session: SessionDep, audit_id: str) -> AuditOut:
-    return audit_out(cancel_audit(session, principal.org_id, audit_id))
+    "finished one (succeeded, failed) answers 409 `invalid-transition`. 503 (with `Retry-After`) when the audit's "
+    "row stays locked by another change for seconds.",
+    responses=problem_responses(401, 403, 404, 409, 503))
+async def cancel(principal: WritePrincipal, services: ServicesDep, audit_id: str) -> AuditOut:
+    # One thread hop whose session ends before the answer is validated (api/deps.py run_write), as for jobs.
+    return await run_write(services, _cancelled_audit_out, principal.org_id, audit_id)
+
+
+def _cancelled_audit_out(session: Session, org_id: str, audit_id: str) -> AuditOut:
+    return audit_out(cancel_audit(session, org_id, audit_id))
 
 
 @router.get("/v1/audit-thresholds", response_model=AuditThresholds, summary="The organisation's audit thresholds",

@@ -1,6 +1,6 @@
-"""/healthz (process alive), /readyz (database reachable and migrated, broker reachable; this process's capacity:
-slots in use, requests waiting, refusals, slow clients; and every API process's, api/observability.py
-ProcessBoard), /metrics."""
+"""/healthz (process alive), /readyz (database reachable and migrated, broker reachable, no request stalled; this
+process's capacity: slots in use, requests waiting, worker threads and database connections in use, refusals, slow
+clients; and every API process's, api/observability.py ProcessBoard), /metrics."""
 
 from __future__ import annotations
 
@@ -50,8 +50,9 @@ async def _check(name: str, func: Any) -> tuple[str, str]:
 @router.get(
     "/readyz",
     response_model=ReadinessOut,
-    summary="Readiness: database reachable and migrated, broker reachable",
-    responses={503: {**problem_responses(503)[503], "description": "A dependency is down; `checks` says which."}},
+    summary="Readiness: database reachable and migrated, broker reachable, no request stalled",
+    responses={503: {**problem_responses(503)[503], "description": "A dependency is down, or requests are stalled "
+                     "(`checks.requests`); `checks` says which."}},
 )
 async def readyz(request: Request) -> Any:
     services = services_for(request.app)
@@ -64,7 +65,16 @@ async def readyz(request: Request) -> Any:
     )
     checks = dict(await asyncio.gather(database, schema, broker))
     admission = getattr(request.app.state, "admission", None)
+    if admission is not None and admission.database is None:
+        admission.watch(services)  # before any request was admitted: the pool and the stall threshold
     capacity = CapacityOut.model_validate(admission.report()) if admission is not None else None
+    if capacity is not None and capacity.stalled:
+        # A process whose requests wait on a lock or a connection answers nothing else in time either: out of the
+        # load balancer's rotation until they are through (the database's statement and idle-in-transaction
+        # timeouts bound the wait).
+        checks["requests"] = (f"stalled: {capacity.stalled} in progress for more than "
+                              f"{services.settings.api_stalled_request_seconds:g} s (the oldest "
+                              f"{capacity.oldest_in_progress_seconds:.0f} s)")
     board = getattr(request.app.state, "process_board", None)
     processes = (ProcessesOut.model_validate(board.report(capacity.model_dump()))
                  if board is not None and capacity is not None else None)
@@ -73,7 +83,7 @@ async def readyz(request: Request) -> Any:
     failing = ", ".join(f"{name} ({value})" for name, value in checks.items() if value not in ("ok", "disabled"))
     return JSONResponse(
         {"type": PROBLEM_TYPE_BASE + "not-ready", "title": "Not ready", "status": 503,
-         "detail": f"unreachable: {failing}", "instance": request.url.path, "checks": checks,
+         "detail": f"not ready: {failing}", "instance": request.url.path, "checks": checks,
          "capacity": capacity.model_dump() if capacity else None,
          "processes": processes.model_dump() if processes else None},
         status_code=503, media_type=PROBLEM_MEDIA_TYPE,

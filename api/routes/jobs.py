@@ -7,8 +7,9 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from sqlalchemy import Connection
+from sqlalchemy.orm import Session
 
-from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal, run_read
+from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal, run_read, run_write
 from api.estimates import GPU_CLASSES, estimate_job
 from domain.jobs import (
     JOB_ID_RE,
@@ -172,11 +173,18 @@ def _job(db: Connection, org_id: str, job_id: str) -> JobOut:
     response_model=JobOut,
     summary="Cancel a job",
     description="A queued job is cancelled at once; a running one becomes `cancelling` until the worker stops "
-    "at a safe point. Cancelling a cancelling/cancelled job is a no-op; a finished job answers 409.",
-    responses=problem_responses(401, 403, 404, 409),
+    "at a safe point. Cancelling a cancelling/cancelled job is a no-op; a finished job answers 409. 503 (with "
+    "`Retry-After`) when the job's row stays locked by another change for seconds.",
+    responses=problem_responses(401, 403, 404, 409, 503),
 )
-def cancel(principal: WritePrincipal, session: SessionDep, job_id: str) -> JobOut:
-    return jobs_to_out(session, [cancel_job(session, principal.org_id, job_id)])[0]
+async def cancel(principal: WritePrincipal, services: ServicesDep, job_id: str) -> JobOut:
+    # One thread hop whose session ends before the answer is validated (api/deps.py run_write): the cancel locks
+    # the job's row, and concurrent cancels of one job wait for that lock on worker threads.
+    return await run_write(services, _cancelled_job_out, principal.org_id, job_id)
+
+
+def _cancelled_job_out(session: Session, org_id: str, job_id: str) -> JobOut:
+    return jobs_to_out(session, [cancel_job(session, org_id, job_id)])[0]
 
 
 @router.post(

@@ -6,19 +6,18 @@ from datetime import datetime
 from typing import Literal
 
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from api.deps import AdminPrincipal, ServicesDep, SessionDep
 from domain.models import OrgSecret
 from api.problems import problem_responses
 from domain.secrets import MAX_SECRET_BYTES, delete_secret, list_secrets, put_secret
+from schemas.bounds import JsonBody
 
 router = APIRouter(prefix="/v1/secrets", tags=["secrets"])
 
 
-class SecretIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SecretIn(JsonBody):
     value: str = Field(min_length=1, max_length=MAX_SECRET_BYTES,
                        description='The credential: a Hub token, or for S3 a JSON object {"access_key_id", '
                        '"secret_access_key", "endpoint_url"?, "region"?}. Never shown again.')

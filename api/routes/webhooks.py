@@ -22,9 +22,9 @@ from api.schemas import (
     WebhookOut,
     WebhookUpdate,
 )
-from domain.outbound import OutboundRefused, check_outbound_url
+from domain.egress import EgressPolicy, EgressRefused
 from domain.settings import Settings
-from domain.webhooks import check_webhook_url, new_webhook_secret
+from domain.webhooks import new_webhook_secret
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
 MAX_WEBHOOKS_PER_ORG = 20
@@ -37,16 +37,13 @@ def _out(hook: Webhook) -> WebhookOut:
 
 
 def _checked_url(url: str, settings: Settings) -> str:
-    allow_private = settings.webhook_allow_private_targets
     problem = None
     if len(url) > MAX_WEBHOOK_URL_LENGTH:
         problem = f"must be at most {MAX_WEBHOOK_URL_LENGTH} characters"
-    elif allow_private:
-        problem = check_webhook_url(url, allow_private=True)
     else:
-        try:  # by what the host resolves to, not how it is spelled; checked again at every delivery
-            check_outbound_url(url, allow_private=False)
-        except OutboundRefused as exc:
+        try:  # by the addresses the host resolves to (domain/egress.py); judged again at every delivery
+            EgressPolicy.from_settings(settings).check_url(url)
+        except EgressRefused as exc:
             problem = str(exc)
     if problem:
         raise InvalidRequest(f"url: {problem}", errors=[FieldError(field="url", message=problem)])

@@ -52,16 +52,21 @@ def pg_harness(module_postgres_url: str, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def world(pg_harness: Harness) -> dict[str, Any]:
-    """Things to point at: a finished job (events, metrics, artifacts), a running one, a webhook, a file."""
+    """Things to point at: a finished job (events, metrics, artifacts), a running one, a webhook, a file, an
+    audit."""
     org = pg_harness.new_org()
     finished = pg_harness.create_job(org)["id"]
     pg_harness.runner.run_to_end(finished)
     running = pg_harness.create_job(org)["id"]
     pg_harness.runner.run_stage(running, finish=False)
-    hook = pg_harness.client.post("/v1/webhooks", headers=org.headers, json={"url": "https://hooks.example.com/x"})
+    # A loopback receiver: the harness allows it, and it needs no name resolved (module fixtures run outside the
+    # test's own resolver stand-in).
+    hook = pg_harness.client.post("/v1/webhooks", headers=org.headers, json={"url": "http://127.0.0.1:9/hook"})
     upload = pg_harness.client.post("/v1/files", headers=org.headers, files={"file": ("p.jsonl", b'{"prompt": "a"}')})
+    audit = pg_harness.client.post("/v1/audits", headers=org.headers,
+                                   json={"drafter": "hf://acme/drafter", "target": {"uri": "bundled:smollm2-135m"}})
     return {"org": org, "job": finished, "running": running, "hook": hook.json()["id"], "file": upload.json()["id"],
-            "artifact": "validation_report.json"}
+            "artifact": "validation_report.json", "audit": audit.json()["id"]}
 
 
 def check(response: Any, elapsed: float, what: str) -> None:
@@ -90,15 +95,21 @@ SPEC_FIELDS = [("name",), ("target", "uri"), ("target", "allow_pickle"), ("sampl
                ("drafter", "block_size"), ("drafter", "mask_token_id"), ("drafter", "target_layer_ids"),
                ("data", "source"), ("data", "count"), ("data", "holdout_share"), ("training", "max_steps"),
                ("training", "max_minutes"), ("training", "learning_rate"), ("labels",), ("publish",)]
+AUDIT_FIELDS = [("drafter",), ("target", "uri"), ("target", "trust_remote_code"), ("sampling", "seed"),
+                ("sampling", "temperature"), ("data", "count"), ("validation", "prompts"), ("thresholds", "min_tau"),
+                ("thresholds", "keep_min_gain_ratio"), ("reference_tau",)]
 CONTENT_TYPES = ["application/json", "application/json; charset=utf-16", "text/plain", "application/xml",
                  "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/merge-patch+json",
                  "", "application/json; charset=latin-1"]
 
 
 @st.composite
-def spec_bodies(draw: st.DrawFn) -> bytes:
+def spec_bodies(draw: st.DrawFn, audit: bool = False) -> bytes:
+    """A job spec (an audit spec with `audit`) with one field made hostile, or the whole body."""
     spec: dict[str, Any] = {"target": {"uri": "bundled:smollm2-135m"}}
-    field = draw(st.sampled_from(SPEC_FIELDS))
+    if audit:
+        spec["drafter"] = "hf://acme/drafter"
+    field = draw(st.sampled_from(AUDIT_FIELDS if audit else SPEC_FIELDS))
     node = spec
     for part in field[:-1]:
         node = node.setdefault(part, {})
@@ -117,8 +128,9 @@ def spec_bodies(draw: st.DrawFn) -> bytes:
 
 @st.composite
 def hostile_requests(draw: st.DrawFn, world: dict[str, Any]) -> dict[str, Any]:
-    ids = {key: world[key] for key in ("job", "running", "hook", "file", "artifact")}
+    ids = {key: world[key] for key in ("job", "running", "hook", "file", "artifact", "audit")}
     ids["name"] = "hub-token"
+    ids["drafter"] = "drf_" + "0" * 26
     routes = [
         ("GET", "/v1/jobs/{job}"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job}/events"),
         ("GET", "/v1/jobs/{running}/events"), ("GET", "/v1/jobs/{job}/metrics"), ("GET", "/v1/jobs/{job}/artifacts"),
@@ -127,6 +139,10 @@ def hostile_requests(draw: st.DrawFn, world: dict[str, Any]) -> dict[str, Any]:
         ("GET", "/v1/secrets"), ("POST", "/v1/jobs"), ("POST", "/v1/jobs/estimate"), ("POST", "/v1/jobs/{job}/cancel"),
         ("POST", "/v1/jobs/{job}/resume"), ("POST", "/v1/webhooks"), ("PATCH", "/v1/webhooks/{hook}"),
         ("PUT", "/v1/secrets/{name}"), ("DELETE", "/v1/secrets/{name}"), ("POST", "/v1/files"), ("GET", "/readyz"),
+        ("POST", "/v1/audits"), ("GET", "/v1/audits"), ("GET", "/v1/audits/{audit}"),
+        ("POST", "/v1/audits/{audit}/cancel"), ("GET", "/v1/audit-thresholds"), ("PUT", "/v1/audit-thresholds"),
+        ("GET", "/v1/drafters"), ("GET", "/v1/drafters/{drafter}"), ("GET", "/v1/usage"), ("GET", "/healthz"),
+        ("GET", "/metrics"),
     ]
     method, template = draw(st.sampled_from(routes))
     segments = {key: value for key, value in ids.items()}
@@ -136,7 +152,7 @@ def hostile_requests(draw: st.DrawFn, world: dict[str, Any]) -> dict[str, Any]:
     path = template.format(**{k: quote(str(v).encode("utf-8", "surrogatepass"), safe="") for k, v in segments.items()})
     query = draw(st.lists(st.tuples(
         st.sampled_from(["after", "limit", "status", "label", "name", "step_min", "step_max", "max_points",
-                         "gpu_class", "gpu_count", "target_parameters_billion", "api_key"]),
+                         "gpu_class", "gpu_count", "target_parameters_billion", "api_key", "drafter"]),
         st.one_of(odd_text, odd_numbers.map(str))), max_size=3))
     if query:  # encoded here: a lone surrogate is not UTF-8, and the client library would refuse it
         path += "?" + "&".join(f"{key}={quote(value.encode('utf-8', 'surrogatepass'), safe='')}" for key, value in query)
@@ -156,7 +172,7 @@ def hostile_requests(draw: st.DrawFn, world: dict[str, Any]) -> dict[str, Any]:
         headers["Accept"] = "text/event-stream"
     body = None
     if method in ("POST", "PUT", "PATCH"):
-        body = draw(spec_bodies())
+        body = draw(spec_bodies(audit=template.startswith("/v1/audit")))
         headers["Content-Type"] = draw(st.sampled_from(CONTENT_TYPES))
         if not headers["Content-Type"]:
             del headers["Content-Type"]

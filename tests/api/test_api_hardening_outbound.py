@@ -14,7 +14,7 @@ from threading import Thread
 import httpx
 import pytest
 
-import domain.outbound as outbound
+import domain.egress as egress
 from domain.models import utcnow
 from domain.webhooks import dispatch_due_webhooks
 from api_harness import build_harness, make_settings
@@ -48,14 +48,14 @@ def stub_dns(monkeypatch):
             raise OSError("no such host")
         return table[host]
 
-    monkeypatch.setattr(outbound, "resolver", resolve)
+    monkeypatch.setattr(egress, "resolver", resolve)
     return table, lookups
 
 
 @pytest.fixture
 def strict_harness(database_url, tmp_path):
     """Production default: private webhook targets refused."""
-    yield from build_harness(make_settings(database_url, tmp_path / "storage", webhook_allow_private_targets=False))
+    yield from build_harness(make_settings(database_url, tmp_path / "storage", egress_allowed_networks=[]))
 
 
 @pytest.mark.parametrize("url", ["http://hooks.rebind.example/x", "http://2130706433/x", "http://127.1/x",
@@ -69,13 +69,13 @@ def test_registration_refuses_hosts_that_resolve_inward(strict_harness, stub_dns
                   "mixed.example": ["93.184.216.34", "10.1.2.3"]})
     real_names = set(loopback_names_in_etc_hosts()) | {"2130706433", "127.1", "0x7f000001"}
     if any(f"//{name}" in url for name in real_names):
-        monkeypatch.setattr(outbound, "resolver", outbound.system_resolver)  # /etc/hosts, inet_aton forms
+        monkeypatch.setattr(egress, "resolver", egress.system_resolver)  # /etc/hosts, inet_aton forms
     org = strict_harness.new_org()
     before = strict_harness.row_counts()
     response = strict_harness.client.post("/v1/webhooks", headers=org.headers, json={"url": url})
     assert response.status_code == 422, response.text
     assert response.json()["errors"][0]["field"] == "url"
-    assert any(word in response.json()["detail"] for word in ("loopback", "private", "metadata", "resolve")), url
+    assert any(word in response.json()["detail"] for word in ("loopback", "private", "metadata", "resolve", "IPv4")), url
     assert strict_harness.row_counts() == before
 
 
@@ -102,7 +102,7 @@ def test_delivery_rechecks_and_pins_the_address(strict_harness, stub_dns, receiv
 
     # Pinning, shown where private targets are allowed: one lookup per attempt, the connection goes to the
     # checked address, and the URL's host travels in the Host header.
-    allowed = settings.model_copy(update={"webhook_allow_private_targets": True})
+    allowed = settings.model_copy(update={"egress_allowed_networks": ["127.0.0.0/8"]})
     lookups.clear()
     assert dispatch_due_webhooks(factory, allowed, now=now + timedelta(seconds=60)) >= 1
     assert lookups.count("hooks.rebind.example") == 1
@@ -144,11 +144,15 @@ def test_redirects_are_not_followed(harness):
 
 
 def test_metadata_and_multicast_refused_even_where_private_targets_are_allowed():
+    import ipaddress
+
+    private = egress.EgressPolicy(allowed_networks=tuple(ipaddress.ip_network(n) for n in (
+        "127.0.0.0/8", "10.0.0.0/8", "169.254.0.0/16", "fd00::/8", "fc00::/7")))
     for url in ("http://169.254.169.254/x", "http://[fd00:ec2::254]/x", "http://224.0.0.1/x", "http://0.0.0.0/x",
                 "http://[::ffff:169.254.169.254]/x"):
-        with pytest.raises(outbound.OutboundRefused):
-            outbound.check_outbound_url(url, allow_private=True)
-    assert outbound.check_outbound_url("http://127.0.0.1:9/x", allow_private=True).address == "127.0.0.1"
+        with pytest.raises(egress.EgressRefused):
+            private.check_url(url)
+    assert private.check_url("http://127.0.0.1:9/x").address == "127.0.0.1"
 
 
 @pytest.fixture

@@ -168,13 +168,14 @@ def test_webhook_crud_and_validation(harness, receiver, tmp_path):
     assert harness.client.get("/v1/webhooks", headers=org.headers).json()["data"] == []
 
     # Production default: no loopback/private targets (server-side request forgery).
-    from domain.webhooks import check_webhook_url
+    from domain.egress import EgressPolicy, EgressRefused
 
-    assert "private" in check_webhook_url("http://10.0.0.8/hook", allow_private=False)
-    assert "internal" in check_webhook_url("http://localhost:8080/hook", allow_private=False)
-    assert "loopback" in check_webhook_url("http://127.0.0.1/hook", allow_private=False)
-    assert check_webhook_url("https://hooks.example.com/x", allow_private=False) is None
-    assert "credentials" in check_webhook_url("https://u:p@hooks.example.com/x", allow_private=False)
+    strict = EgressPolicy()
+    for url, word in (("http://10.0.0.8/hook", "private"), ("http://localhost:8080/hook", "loopback"),
+                      ("http://127.0.0.1/hook", "loopback"), ("https://u:p@hooks.example.com/x", "credentials")):
+        with pytest.raises(EgressRefused, match=word):
+            strict.check_url(url)
+    assert strict.check_url("https://hooks.example.com/x").host == "hooks.example.com"
 
 
 def test_the_app_sends_due_deliveries_on_its_own(sqlite_url, tmp_path, receiver):

@@ -38,11 +38,13 @@ def service(tmp_path_factory, models) -> Iterator[Service]:
     database_url, drop_database = fresh_postgres_database("draftsmith_worker_test")
     redis = RedisServer(root)
     redis.start()
-    with moto_server() as s3_endpoint, HubStandIn(HUB_TOKEN) as hub:
-        s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-        for bucket in (STORAGE_BUCKET, "published"):
-            s3.create_bucket(Bucket=bucket)
+    # A customer's own S3 server beside the deployment's: an organisation's secret names it (never ours).
+    with moto_server() as s3_endpoint, moto_server() as customer_s3, HubStandIn(HUB_TOKEN) as hub:
+        for endpoint in (s3_endpoint, customer_s3):
+            s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+            for bucket in (STORAGE_BUCKET, "published"):
+                s3.create_bucket(Bucket=bucket)
         env = {
             **inherited_env("DRAFTSMITH_", "AWS_"),
             "DRAFTSMITH_ENV": "development", "DRAFTSMITH_DEV_API_KEY": API_KEY,
@@ -59,7 +61,7 @@ def service(tmp_path_factory, models) -> Iterator[Service]:
         }
         upgrade(database_url)
         api, url = start_api(env, root / "api.log")
-        service = Service(env, url, root, redis, hub, s3_endpoint, models)
+        service = Service(env, url, root, redis, hub, s3_endpoint, customer_s3, models)
         try:
             yield service
         finally:

@@ -23,7 +23,7 @@ def test_rest_job_runs_on_gpu_and_cpu_workers_to_published_verified_artifacts(wo
     target_commit = service.hub.put_files("acme/tiny-target", target_files)
     with service.http as http:
         assert http.put("/v1/secrets/published-bucket", json={"value": json.dumps(
-            {"access_key_id": "testing", "secret_access_key": "testing", "endpoint_url": service.s3_endpoint})}
+            {"access_key_id": "testing", "secret_access_key": "testing", "endpoint_url": service.customer_s3_endpoint})}
         ).status_code == 200
     prompts = "".join(json.dumps({"prompt": f"Tell me fact number {i} about {topic}.", "category": topic}) + "\n"
                       for i in range(15) for topic in ("rivers", "stars"))
@@ -72,7 +72,7 @@ def test_rest_job_runs_on_gpu_and_cpu_workers_to_published_verified_artifacts(wo
     assert set(report["acceptance_by_category"]) <= {"rivers", "stars"}
 
     # Published to S3 with the job's metadata, verified, and to the Hub in one commit recorded on the job.
-    s3 = service.s3()
+    s3 = service.s3(service.customer_s3_endpoint)
     for name, entry in manifest["files"].items():
         head = s3.head_object(Bucket="published", Key=f"drafters/tiny/{name}", ChecksumMode="ENABLED")
         assert head["Metadata"]["draftsmith-job-id"] == job_id and head["Metadata"]["sha256"] == entry["sha256"]

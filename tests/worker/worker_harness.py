@@ -42,6 +42,8 @@ class Service:
     redis: RedisServer
     hub: HubStandIn
     s3_endpoint: str
+    customer_s3_endpoint: str
+    """A customer's own S3 server: where an organisation's secret points (the deployment's is never allowed)."""
     models: Path
     workers: list[DraftsmithProcess] = field(default_factory=list)
 
@@ -98,8 +100,8 @@ class Service:
         points = series["series"][0]["points"] if series["series"] else []
         return max((p["step"] for p in points), default=0)
 
-    def s3(self):
-        return boto3.client("s3", endpoint_url=self.s3_endpoint, region_name="us-east-1",
+    def s3(self, endpoint: str | None = None):
+        return boto3.client("s3", endpoint_url=endpoint or self.s3_endpoint, region_name="us-east-1",
                             aws_access_key_id="testing", aws_secret_access_key="testing")
 
 
