@@ -19,6 +19,26 @@ ARCH_CONFIGS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
 }
+# The families of trainer/targets/families.py beyond the four above: small windows and few experts, so that a
+# 40-token decode crosses every sliding window and routes through several experts; a linear-attention layer
+# every other layer and a full one every fourth (Qwen3.5's own pattern, 3 : 1).
+_LINEAR = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+           "linear_value_head_dim": 16}
+_EXPERTS = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+FAMILY_CONFIGS = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"head_dim": 16, **_EXPERTS}),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {"head_dim": 16, **_LINEAR}),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
+                    {"head_dim": 16, **_LINEAR, **_EXPERTS, "shared_expert_intermediate_size": 32}),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                   {"head_dim": 16, **_LINEAR, **_EXPERTS, "shared_expert_intermediate_size": 32}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "sliding_window": 8,
+                                                          "final_logit_softcapping": 30.0}),
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", {"head_dim": 16, "sliding_window": 8}),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {"head_dim": 16, "num_local_experts": 4,
+                                                       "num_experts_per_tok": 2, "sliding_window": 8}),
+}
+ARCH_CONFIGS.update(FAMILY_CONFIGS)
 
 
 def make_tokenizer(vocab_size: int, with_mask: bool = False):
@@ -70,7 +90,8 @@ def smollm2_gguf() -> Path:
     return Path(dist.locate_file(entry))
 
 
-def make_bpe_target(target_dir: Path, *, hidden_size: int = 64, num_layers: int = 4, seed: int = 0) -> Path:
+def make_bpe_target(target_dir: Path, *, hidden_size: int = 64, num_layers: int = 4, seed: int = 0,
+                    arch: str = "llama") -> Path:
     """A random small Llama with SmolLM2-135M-Instruct's real byte-level BPE tokenizer (vocab 49152):
     what GGUF export needs (llama.cpp identifies BPE pre-tokenizers by hashing real token ids).
 
@@ -78,7 +99,8 @@ def make_bpe_target(target_dir: Path, *, hidden_size: int = 64, num_layers: int 
     release has (its GGUF records it as tokenizer.ggml.add_space_prefix = false): it is put back."""
     import json
 
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    import transformers
+    from transformers import AutoTokenizer
 
     target_dir = Path(target_dir)
     gguf_file = smollm2_gguf()
@@ -88,9 +110,11 @@ def make_bpe_target(target_dir: Path, *, hidden_size: int = 64, num_layers: int 
     tokenizer_config = json.loads(config_file.read_text())
     tokenizer_config["add_prefix_space"] = False
     config_file.write_text(json.dumps(tokenizer_config, indent=2))
-    config = LlamaConfig(vocab_size=49152, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    config_name, model_name, extra = ARCH_CONFIGS[arch]
+    config = getattr(transformers, config_name)(
+        vocab_size=49152, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+        bos_token_id=1, eos_token_id=2, **extra)
     torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(target_dir)
+    getattr(transformers, model_name)(config).save_pretrained(target_dir)
     return target_dir

@@ -139,6 +139,7 @@ class SpeculativeDecoder:
                                                            drafter_cache, params, generator)
                 block += drafts
             width = min(self.verify_width, max_length - start) if verify == 1 else verify
+            mark = target.mark(target_cache)
             logits, taps_out = target.forward(
                 torch.tensor([block + block[:1] * (width - len(block))], device=device), self._positions(start, width),
                 cache=target_cache, tap_layer_ids=taps if verify > 1 else None,
@@ -156,8 +157,9 @@ class SpeculativeDecoder:
             if verify > 1:
                 # Features of the committed tokens (anchor and accepted drafts) become new drafter context.
                 context, context_start = taps_out[:, :len(new_tokens)], start
+            # The cache keeps the anchor and the accepted drafts; a recurrent state is put back exactly.
+            target.rewind(target_cache, mark, tokens[start:start + len(new_tokens)])
             start += len(new_tokens)
-            target.crop_cache(target_cache, start)
         synchronize(device)
         result.decode_seconds = time.perf_counter() - started
         result.tokens = tokens[prompt_len:max_length]

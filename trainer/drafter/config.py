@@ -97,8 +97,10 @@ class DrafterConfig:
         """A drafter shaped for `target` (a trainer.targets.Target). Taps default to the reference rule
         with one tap per drafter layer, at least three (what released DFlash drafters use)."""
         config = target.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        rope = getattr(config, "rope_parameters", None) or {}
+        head_dim = _global_setting(config, "head_dim") or config.hidden_size // config.num_attention_heads
+        rope = _global_setting(config, "rope_parameters") or {}
+        if "full_attention" in rope:  # per layer kind (Gemma): the drafter attends like the full layers
+            rope = rope["full_attention"]
         taps = target_layer_ids or (build_target_layer_ids(target.num_layers, num_taps) if num_taps
                                     else default_target_layer_ids(target.num_layers, num_layers))
         if overrides.get("draft_vocab_size") and overrides["draft_vocab_size"] >= target.vocab_size:
@@ -106,7 +108,8 @@ class DrafterConfig:
         return cls(
             variant=variant, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
             num_layers=num_layers, num_attention_heads=config.num_attention_heads,
-            num_key_value_heads=config.num_key_value_heads, head_dim=head_dim, rms_norm_eps=config.rms_norm_eps,
+            num_key_value_heads=_global_setting(config, "num_key_value_heads"), head_dim=head_dim,
+            rms_norm_eps=config.rms_norm_eps,
             rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
             max_position_embeddings=config.max_position_embeddings, vocab_size=target.vocab_size,
             num_target_layers=target.num_layers, target_layer_ids=tuple(taps), block_size=block_size,
@@ -200,3 +203,12 @@ def _draft_vocab_size(data: dict) -> int | None:
     """Ours (`draftsmith.draft_vocab_size`) or vLLM's top-level key; one equal to the vocabulary means none."""
     size = (data.get("draftsmith") or {}).get("draft_vocab_size") or data.get("draft_vocab_size")
     return None if size is None or size == data.get("vocab_size") else int(size)
+
+
+def _global_setting(config, name: str):
+    """A target config value as its config.json holds it. transformers refuses attribute access to a value a
+    model may set per layer (Gemma 4's head_dim): the global value is what the drafter's own layers copy."""
+    try:
+        return getattr(config, name, None)
+    except RuntimeError:  # AmbiguousGlobalPerLayerAttributeError, in the transformers versions that have it
+        return config.to_dict().get(name)

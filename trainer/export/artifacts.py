@@ -88,7 +88,11 @@ def write_engine_drafters(drafter_dir: Path, draft_vocab, target: Target, out_di
     staged.mkdir(parents=True, exist_ok=True)
     _reference_weights(Path(drafter_dir) / "model.safetensors", staged / "model.safetensors")
     atomic_write_json(staged / "config.json", reference_config(config))
-    (out_dir / "gguf").mkdir(exist_ok=True)
+    if not target.family["gguf"]:  # a SentencePiece vocabulary: llama.cpp's converter writes its GGUF
+        ggufs = ()
+        shutil.rmtree(out_dir / "gguf", ignore_errors=True)
+    else:
+        (out_dir / "gguf").mkdir(exist_ok=True)
     for dtype in ggufs:
         write_gguf(staged, target.path, out_dir / "gguf" / f"drafter-{dtype}.gguf", dtype)
     if draft_vocab is not None:

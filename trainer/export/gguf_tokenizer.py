@@ -45,7 +45,9 @@ KNOWN_PRE_TOKENIZERS = {
 LLAMA_FAMILY = {"LlamaForCausalLM", "LLaMAForCausalLM", "LlamaModel", "MistralForCausalLM",
                 "MixtralForCausalLM"}
 BPE_FAMILY = {"Qwen2ForCausalLM", "Qwen2Model", "Qwen3ForCausalLM", "Qwen3Model",
-              "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"}
+              "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration",
+              "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM",
+              "GptOssForCausalLM"}
 _SPECIAL_ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
                     "sep": "seperator_token_id", "pad": "padding_token_id", "mask": "mask_token_id",
                     "eot": "eot_token_id", "eom": "eom_token_id"}  # `seperator` is llama.cpp's spelling

@@ -78,6 +78,27 @@ def _best_llama_cpp(report: ValidationReport | None) -> EngineRow | None:
     return max(rows, key=lambda r: r.tokens_per_s, default=None)
 
 
+def _llama_command(report: ValidationReport | None, llama_gguf: str, recommended: int) -> str:
+    """The llama.cpp command the engine step measured fastest (with the target's GGUF as `target.gguf`), else the
+    plain one for the recommended block."""
+    best = _best_llama_cpp(report)
+    if best:
+        return best.command.replace("target-f16.gguf", "target.gguf").replace("target-q4_1.gguf", "target.gguf")
+    return f"llama-server -m target.gguf -md ./{llama_gguf} --spec-type draft-dflash --spec-draft-n-max {recommended - 1}"
+
+
+def _family_lines(target: Target) -> tuple[str, str]:
+    """The card's line on the target's family (trainer/targets/families.py), and which GGUFs it has."""
+    family = target.family
+    kinds = ", ".join(f"{count} {kind}" for kind, count in family["layer_kinds"].items())
+    line = (f"- target family: {family['family']} ({kinds} attention layers{', routed experts' if family['moe'] else ''}"
+            f"); engines that serve a DFlash drafter for it: {family['engines']}")
+    ggufs = ("`gguf/drafter-f16.gguf`, `gguf/drafter-q8_0.gguf`" if family["gguf"] else
+             "no GGUF (this family's vocabulary is SentencePiece: convert `drafter/` with llama.cpp's "
+             "convert_hf_to_gguf.py)")
+    return line, ggufs
+
+
 def model_card(config: DrafterConfig, target: Target, report: ValidationReport | None, target_name: str) -> str:
     block = config.block_size
     recommended = report.recommended_block_size if report and report.recommended_block_size is not None else block
@@ -103,10 +124,8 @@ def model_card(config: DrafterConfig, target: Target, report: ValidationReport |
                      and r.command), None)
     vllm_command = (measured.command if measured else
                     f"LLM(model=TARGET, speculative_config={speculative}).generate(prompt_token_ids, ...)")
-    best = _best_llama_cpp(report)
-    llama_command = (best.command.replace("target-f16.gguf", "target.gguf").replace("target-q4_1.gguf", "target.gguf")
-                     if best else f"llama-server -m target.gguf -md ./{llama_gguf} --spec-type draft-dflash "
-                                  f"--spec-draft-n-max {recommended - 1}")
+    family_line, gguf_files = _family_lines(target)
+    llama_command = _llama_command(report, llama_gguf, recommended)
     return f"""---
 library_name: transformers
 tags: [speculative-decoding, dflash, draftsmith]
@@ -121,7 +140,8 @@ output identical to the target's alone (greedy) and distributed exactly like it 
 - target fingerprint (tokenizer + embedding): `{target.fingerprint}`
 - drafter: {config.num_layers} layers, hidden size {config.hidden_size}, block size {block}, mask token id
   {config.mask_token_id}
-- files: `drafter/` (reference `dflash` format, safetensors, full head), `gguf/drafter-f16.gguf`, `gguf/drafter-q8_0.gguf`{vocab_files}
+{family_line}
+- files: `drafter/` (reference `dflash` format, safetensors, full head), {gguf_files}{vocab_files}
 
 ## Sampling parameters it was trained and validated for
 

@@ -8,6 +8,7 @@ speculative decoder, the data generator and the trainer never touch model intern
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -19,9 +20,8 @@ import torch
 from torch.nn import functional as F
 
 from trainer.errors import TargetError
+from trainer.targets.families import ADD_A_FAMILY_HINT, SUPPORTED_MODEL_TYPES, Rollback, describe
 
-# model_type -> what we rely on: decoder layers at model.model.layers, RoPE positions, a rollback-able cache.
-SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILE_SETS = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
 
@@ -43,7 +43,8 @@ def inspect_target_dir(path: str | Path, *, allow_pickle: bool = False) -> dict:
     if model_type not in SUPPORTED_MODEL_TYPES:
         architectures = ",".join(config.get("architectures") or []) or "unknown"
         raise TargetError(f"target {path}: architecture {model_type!r} ({architectures}) is not supported; "
-                          f"supported model_type values: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
+                          f"supported model_type values: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}; "
+                          f"{ADD_A_FAMILY_HINT}")
     _check_weights(path, allow_pickle)
     if not any(all((path / name).is_file() for name in names) for names in TOKENIZER_FILE_SETS):
         raise TargetError(f"target {path}: tokenizer files are missing; save the tokenizer into the model "
@@ -144,6 +145,34 @@ def cache_argument(model) -> str:
                       "transformers version of this project's pyproject.toml")
 
 
+@dataclasses.dataclass(frozen=True)
+class CacheMark:
+    length: int
+    states: dict | None
+    """Copies of the recurrent layers' states by cache layer index; None when every layer can be cropped."""
+
+
+def _is_recurrent(layer) -> bool:
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    return isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
+_STATE_FIELDS = ("conv_states", "recurrent_states", "is_conv_states_initialized", "is_recurrent_states_initialized",
+                 "has_previous_state")
+
+
+def _recurrent_state(layer) -> dict:
+    return {name: {i: (value.clone() if isinstance(value, torch.Tensor) else value)
+                   for i, value in getattr(layer, name).items()} for name in _STATE_FIELDS}
+
+
+def _restore_recurrent_state(layer, state: dict) -> None:
+    for name in _STATE_FIELDS:  # copies again: one mark may be rewound to more than once
+        setattr(layer, name, {i: (value.clone() if isinstance(value, torch.Tensor) else value)
+                              for i, value in state[name].items()})
+
+
 class Target:
     """A frozen causal LM with the handles a DFlash drafter needs."""
 
@@ -154,6 +183,8 @@ class Target:
         self.config = model.config.get_text_config()
         self.layers = model.get_decoder().layers
         self.cache_argument = cache_argument(model)
+        self.family = describe(model.config.to_dict())
+        self.rollback = Rollback(self.family["rollback"])
 
     @property
     def device(self) -> torch.device:
@@ -196,9 +227,38 @@ class Target:
 
     @staticmethod
     def crop_cache(cache, length: int) -> None:
+        """Drop cached tokens past `length`. Exact only for a target whose every layer keeps per-token keys and
+        values (`Rollback.CROP`); one with a recurrent state is put back with `mark` and `rewind`."""
         remove = cache.get_seq_length() - length
         if remove > 0:
             cache.crop(-remove)
+
+    def mark(self, cache) -> CacheMark:
+        """Where `cache` stands before a forward whose tail may be rejected: its length and, for a target with
+        recurrent (linear-attention) layers, a copy of their states, which no crop can recover."""
+        if self.rollback is Rollback.CROP:
+            return CacheMark(cache.get_seq_length(), None)
+        return CacheMark(cache.get_seq_length(), {index: _recurrent_state(layer) for index, layer
+                                                  in enumerate(cache.layers) if _is_recurrent(layer)})
+
+    @torch.inference_mode()
+    def rewind(self, cache, mark: CacheMark, kept: list[int]) -> None:
+        """Leave `cache` exactly as if only `kept` (the first tokens of the forwards since `mark`) had followed
+        the marked prefix: attention layers cropped; recurrent layers restored to the marked state and the kept
+        tokens replayed through the target (one forward, only when some token was rejected)."""
+        length = mark.length + len(kept)
+        if mark.states is None or cache.get_seq_length() == length:
+            self.crop_cache(cache, length)
+        else:
+            self.crop_cache(cache, mark.length)
+            for index, state in mark.states.items():
+                _restore_recurrent_state(cache.layers[index], state)
+            if kept:
+                positions = torch.arange(mark.length, length, device=self.device)[None]
+                self.forward(torch.tensor([kept], device=self.device), positions, cache=cache, logits_to_keep=1)
+        for layer in cache.layers:  # past recording grows convolution states; only the kernel's width is needed
+            if _is_recurrent(layer) and any(layer.is_conv_states_initialized.values()):
+                layer.crop(0)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None,

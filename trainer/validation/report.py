@@ -339,10 +339,12 @@ def measure_step_costs(target: Target, drafter: Drafter, prompt: list[int], repe
             times.append(time.perf_counter() - started)
         return statistics.median(times)
 
+    mark = target.mark(cache)
+
     def verify(b: int) -> None:
         target.forward(torch.full((1, b), 5, device=device), torch.arange(len(prompt), len(prompt) + b,
                        device=device)[None], cache=cache, tap_layer_ids=taps if b > 1 else None)
-        target.crop_cache(cache, len(prompt))
+        target.rewind(cache, mark, [])
 
     def draft(b: int) -> None:
         decoder._draft(5, len(prompt), b, context, 0, DrafterCache(drafter.config.num_layers), greedy, None)
