@@ -2,7 +2,8 @@
 
 The model is deliberately simple and every assumption is returned with the estimate:
 - generation and training are throughput-bound and scale as 1/P for a target of P billion
-  parameters (decode is memory-bandwidth bound; the drafter's width follows the target's);
+  parameters (decode is memory-bandwidth bound; the drafter's width follows the target's); for a mixture of
+  experts P is the *active* parameters (what a token runs through), while memory counts all of them;
 - the throughputs below are per GPU for a 1B-parameter target at the batch sizes the worker
   uses, measured (cpu-2core, see DESIGN.md §6) or extrapolated from public serving benchmarks;
 - a target that does not fit in one GPU's memory (bf16 weights + 30 %) needs more GPUs;
@@ -51,6 +52,7 @@ BATCH_ONE_SLOWDOWN = 7.0
 cpu-2core (DESIGN.md §6); GPUs lose at least as much at batch 1."""
 FIXED_OVERHEAD_MINUTES = 5.0  # resolve/verify target, export, publish
 _PARAMS_IN_NAME_RE = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)\s*[bB](?![A-Za-z0-9])")
+_ACTIVE_IN_NAME_RE = re.compile(r"(?<![A-Za-z0-9])[aA](\d+(?:\.\d+)?)[bB](?![A-Za-z0-9])")  # Qwen3-30B-A3B
 
 
 def target_parameters(spec: JobSpec, override: float | None) -> tuple[float, str]:
@@ -61,13 +63,29 @@ def target_parameters(spec: JobSpec, override: float | None) -> tuple[float, str
     if scheme == "bundled" and name in BUNDLED_PARAMETERS_BILLION:
         size = BUNDLED_PARAMETERS_BILLION[name]
         return size, f"target size {size:g}B (bundled model)"
-    match = _PARAMS_IN_NAME_RE.search(spec.target.uri.rsplit("/", 1)[-1])
+    match = _PARAMS_IN_NAME_RE.search(_without_active(spec.target.uri.rsplit("/", 1)[-1]))
     # A size the name states must be plausible: "0b" would divide by zero, "99999999b" overflow.
     if match and plausible_target_parameters_billion(size := float(match.group(1))):
         return size, f"target size {size:g}B read from the model name; pass target_parameters_billion if wrong"
     return DEFAULT_TARGET_PARAMS_B, (
         f"target size unknown, assumed {DEFAULT_TARGET_PARAMS_B:g}B; pass target_parameters_billion for a better estimate"
     )
+
+
+def _without_active(name: str) -> str:
+    return _ACTIVE_IN_NAME_RE.sub("", name)
+
+
+def active_parameters(spec: JobSpec, total: float, override: float | None) -> tuple[float, str]:
+    """Billions of parameters a token runs through (a mixture of experts' active share), and how we know it."""
+    if override is not None:
+        return min(override, total), f"active parameters {min(override, total):g}B as given"
+    match = _ACTIVE_IN_NAME_RE.search(spec.target.uri.rsplit("/", 1)[-1])
+    if match and plausible_target_parameters_billion(active := float(match.group(1))) and active <= total:
+        return active, (f"a mixture of experts with {active:g}B active parameters (read from the model name): time "
+                        "scales with those, memory with all of them")
+    return total, ("every parameter counted as active (a dense model); for a mixture of experts pass "
+                   "target_active_parameters_billion")
 
 
 def source_size(spec: JobSpec, uploaded_prompts: int | None) -> tuple[int, str]:
@@ -100,11 +118,33 @@ def with_preset(spec: JobSpec, fields: dict[str, object]) -> tuple[JobSpec, dict
     return spec.model_copy(update=update), applied
 
 
+def _preset_estimates(spec: JobSpec, gpu_class: str | None, gpu_count: int, params_b: float, active_b: float,
+                      uploaded_prompts: int | None) -> list[PresetEstimate]:
+    """The job priced under each preset, laid under its own fields."""
+    presets = []
+    for name in ("cpu", "gpu"):
+        # The preset plans time, so it is sized by the active parameters.
+        preset = choose_preset(name, gpu_count=gpu_count, target_parameters_billion=active_b,
+                               source_prompts=uploaded_prompts)
+        laid, applied = with_preset(spec, preset.fields)
+        priced = estimate_job(laid, gpu_class=gpu_class, gpu_count=gpu_count, target_parameters_billion=params_b,
+                              uploaded_prompts=uploaded_prompts, with_presets=False,
+                              target_active_parameters_billion=active_b)
+        presets.append(PresetEstimate(preset=name, fields=applied, prompts=priced.prompts,  # type: ignore[arg-type]
+                                      tokens_to_generate=priced.tokens_to_generate,
+                                      training_steps=priced.training_steps,
+                                      drafter_tokens_per_step=priced.drafter_tokens_per_step,
+                                      estimates=priced.estimates, notes=preset.notes))
+    return presets
+
+
 def estimate_job(
     spec: JobSpec, *, gpu_class: str | None, gpu_count: int, target_parameters_billion: float | None,
     uploaded_prompts: int | None = None, with_presets: bool = True,
+    target_active_parameters_billion: float | None = None,
 ) -> EstimateOut:
     params_b, size_note = target_parameters(spec, target_parameters_billion)
+    active_b, active_note = active_parameters(spec, params_b, target_active_parameters_billion)
     prompts, prompts_note = source_size(spec, uploaded_prompts)
     holdout = int(prompts * spec.data.holdout_share)
     max_new = spec.sampling.max_new_tokens
@@ -118,8 +158,8 @@ def estimate_job(
         needed = max(1, math.ceil(params_b * 2 * 1.3 / gpu.memory_gb))
         count = max(gpu_count, needed)
         speedup = count * (MULTI_GPU_EFFICIENCY if count > 1 else 1.0)
-        generate_rate = gpu.generate_tokens_per_s_1b / params_b * speedup
-        train_rate = gpu.train_tokens_per_s_1b / params_b / layer_factor * speedup
+        generate_rate = gpu.generate_tokens_per_s_1b / active_b * speedup
+        train_rate = gpu.train_tokens_per_s_1b / active_b / layer_factor * speedup
         generation_min = tokens_to_generate / generate_rate / 60
         training_min = spec.training.max_steps * tokens_per_step / train_rate / 60
         limited_by = "max_steps"
@@ -146,20 +186,7 @@ def estimate_job(
                 training_limited_by=limited_by,  # type: ignore[arg-type]
             )
         )
-    presets = []
-    if with_presets:
-        for name in ("cpu", "gpu"):
-            preset = choose_preset(name, gpu_count=gpu_count, target_parameters_billion=params_b,
-                                   source_prompts=uploaded_prompts)
-            laid, applied = with_preset(spec, preset.fields)
-            priced = estimate_job(laid, gpu_class=gpu_class, gpu_count=gpu_count,
-                                  target_parameters_billion=params_b, uploaded_prompts=uploaded_prompts,
-                                  with_presets=False)
-            presets.append(PresetEstimate(preset=name, fields=applied, prompts=priced.prompts,  # type: ignore[arg-type]
-                                          tokens_to_generate=priced.tokens_to_generate,
-                                          training_steps=priced.training_steps,
-                                          drafter_tokens_per_step=priced.drafter_tokens_per_step,
-                                          estimates=priced.estimates, notes=preset.notes))
+    presets = _preset_estimates(spec, gpu_class, gpu_count, params_b, active_b, uploaded_prompts) if with_presets else []
     return EstimateOut(
         presets=presets,
         prompts=prompts,
@@ -168,9 +195,11 @@ def estimate_job(
         training_steps=spec.training.max_steps,
         drafter_tokens_per_step=tokens_per_step,
         target_parameters_billion=params_b,
+        target_active_parameters_billion=active_b,
         estimates=estimates,
         assumptions=[
             size_note,
+            active_note,
             "tokens_to_generate is an upper bound: every prompt answered to max_new_tokens",
             prompts_note,
             "throughput scales as 1/target size; table values are per GPU for a 1B target "

@@ -239,7 +239,10 @@ class EstimateOut(BaseModel):
     tokens_to_generate: int = Field(description="Upper bound: every prompt answered to max_new_tokens.")
     training_steps: int
     drafter_tokens_per_step: int
-    target_parameters_billion: float
+    target_parameters_billion: float = Field(description="The target's size: what its weights take in memory.")
+    target_active_parameters_billion: float = Field(
+        description="Parameters a token runs through (a mixture of experts' active share; the size for a dense "
+        "model): generation, training and validation time scale with these.")
     estimates: list[GpuEstimate]
     assumptions: list[str]
     presets: list[PresetEstimate] = Field(

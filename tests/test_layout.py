@@ -477,7 +477,6 @@ KNOWN_LONG: dict[str, int] = {
     "trainer/export/gguf_tokenizer.py::_special_vocabulary": 109,
     "trainer/validation/engines.py::run_engines": 100,
     "trainer/export/model_card.py::model_card": 90,
-    "api/estimates.py::estimate_job": 84,
 }
 """`path::qualname` -> lines, for the functions over `LIMIT` today."""
 

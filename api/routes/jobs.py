@@ -152,11 +152,18 @@ def estimate(
         Query(ge=TARGET_PARAMETERS_BILLION_RANGE[0], le=TARGET_PARAMETERS_BILLION_RANGE[1],
               description="Target size in billions of parameters; default from the bundled table or model name."),
     ] = None,
+    target_active_parameters_billion: Annotated[
+        float | None,
+        Query(ge=TARGET_PARAMETERS_BILLION_RANGE[0], le=TARGET_PARAMETERS_BILLION_RANGE[1],
+              description="A mixture of experts' active parameters in billions (time scales with them, memory "
+              "with the whole size); default from the model name (`-A3B`), else the whole size."),
+    ] = None,
 ) -> EstimateOut:
     # Whatever would refuse the job refuses its estimate (and an uploaded file is counted, not guessed).
     uploaded = check_job_spec(session, services.settings, principal.org_id, spec)
     return estimate_job(spec, gpu_class=gpu_class, gpu_count=gpu_count,
-                        target_parameters_billion=target_parameters_billion, uploaded_prompts=uploaded)
+                        target_parameters_billion=target_parameters_billion, uploaded_prompts=uploaded,
+                        target_active_parameters_billion=target_active_parameters_billion)
 
 
 @router.get("/{job_id}", response_model=JobOut, summary="Get a job", responses=problem_responses(401, 403, 404))

@@ -203,6 +203,22 @@ def test_estimate(harness):
     assert harness.client.post("/v1/jobs/estimate?gpu_class=tpu", json=MINIMAL, headers=org.headers).status_code == 422
 
 
+def test_a_mixture_of_experts_is_timed_by_its_active_parameters_and_sized_by_all(harness):
+    org = harness.new_org(scopes=("read",))
+    body = {"target": {"uri": "hf://Qwen/Qwen3-30B-A3B"}, "data": {"source": "hf://acme/prompts", "count": 1000}}
+    moe = harness.client.post("/v1/jobs/estimate", json=body, headers=org.headers).json()
+    assert moe["target_parameters_billion"] == 30 and moe["target_active_parameters_billion"] == 3
+    dense = harness.client.post("/v1/jobs/estimate?target_active_parameters_billion=30", json=body,
+                                headers=org.headers).json()
+    assert dense["target_active_parameters_billion"] == 30
+    moe_by, dense_by = ({e["gpu_class"]: e for e in r["estimates"]} for r in (moe, dense))
+    for gpu in ("l4-24gb", "h100-80gb"):
+        assert moe_by[gpu]["gpu_count"] == dense_by[gpu]["gpu_count"]  # memory: every expert
+        assert moe_by[gpu]["generation_minutes"] == pytest.approx(dense_by[gpu]["generation_minutes"] / 10, rel=0.02)
+    assert moe_by["l4-24gb"]["gpu_count"] > 1
+    assert any("active" in line for line in moe["assumptions"])
+
+
 def test_the_estimate_prices_the_cpu_and_gpu_presets(harness):
     """Both recipe presets priced on the same spec: the preset fills what the spec leaves unset, never more."""
     org = harness.new_org(scopes=("read",))

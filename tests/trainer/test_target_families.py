@@ -126,3 +126,20 @@ def test_the_pipeline_runs_prepare_to_export_on_each_kind_of_family(arch, tmp_pa
     assert ("gguf/drafter-f16.gguf" in manifest["files"]) == (arch != "gemma3")
     card = (out / "README.md").read_text()
     assert "target family: " + describe(json.loads((target / "config.json").read_text()))["family"] in card
+
+
+def test_a_mixture_of_experts_counts_its_active_share_for_time(tmp_path):
+    """Memory is every parameter; a token runs through top-k of E experts (2 of 4 here)."""
+    from trainer.cli_run import target_parameters_billion
+    from trainer.targets.placement import active_parameters, target_parameters
+
+    folder = make_tiny_target(tmp_path / "moe", "qwen3_moe")
+    config = json.loads((folder / "config.json").read_text())
+    model = load_target(folder).model
+    total = sum(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    assert experts > 0 and target_parameters(folder, config) == total
+    assert active_parameters(folder, config) == total - experts // 2
+    assert target_parameters_billion(folder.as_uri()) == pytest.approx((total - experts // 2) / 1e9)
+    dense = make_tiny_target(tmp_path / "dense", "qwen3")
+    assert active_parameters(dense, json.loads((dense / "config.json").read_text())) == target_parameters(dense, {})

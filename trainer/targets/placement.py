@@ -92,13 +92,28 @@ def tensor_parallel_size(placement: TargetPlacement, attention_heads: int, kv_he
 
 def target_parameters(path: str | Path, config: dict) -> int:
     """The target's parameter count: summed from its safetensors headers (no tensor data read), else (pickle
-    weights only) estimated from config.json."""
-    path = Path(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
+    weights only) estimated from config.json. What its weights take in memory, every expert included."""
+    sizes = _tensor_sizes(Path(path))
+    return sum(sizes.values()) if sizes else estimated_parameters(config)
+
+
+def active_parameters(path: str | Path, config: dict) -> int:
+    """The parameters one token runs through, what a decode step costs in time: all of them for a dense model;
+    for a mixture of experts, the routed experts' tensors (named `.experts.`) at the share a token is routed to
+    (top-k of E, trainer/targets/families.py). Memory is still `target_parameters`."""
+    from trainer.targets.families import active_parameter_fraction
+
+    sizes = _tensor_sizes(Path(path))
+    if not sizes:
         return estimated_parameters(config)
-    total = 0
-    for file in files:
+    experts = sum(count for name, count in sizes.items() if ".experts." in name)
+    return round(sum(sizes.values()) - experts * (1 - active_parameter_fraction(config)))
+
+
+def _tensor_sizes(path: Path) -> dict[str, int]:
+    """Element count of every tensor in the folder's safetensors files, from their headers (a few KB read)."""
+    sizes: dict[str, int] = {}
+    for file in sorted(path.glob("*.safetensors")):
         with file.open("rb") as handle:
             (length,) = struct.unpack("<Q", handle.read(8))
             header = json.loads(handle.read(length))
@@ -107,8 +122,8 @@ def target_parameters(path: str | Path, config: dict) -> int:
                 count = 1
                 for dim in entry["shape"]:
                     count *= dim
-                total += count
-    return total
+                sizes[key] = count
+    return sizes
 
 
 def estimated_parameters(config: dict) -> int:
