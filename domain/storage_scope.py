@@ -360,6 +360,9 @@ def spec_storage_uris(spec: object) -> list[SpecUri]:
     """The URI-bearing fields of a job spec (target, data source, warm start, publish destinations) or an audit
     spec (drafter, target, data source), with the names a problem reports them by."""
     found = [SpecUri("target.uri", spec.target.uri)]  # type: ignore[attr-defined]
+    base = getattr(spec.target, "base", None)  # type: ignore[attr-defined]
+    if base is not None:  # an adapter target's base model: fetched with the same scope as the target
+        found.append(SpecUri("target.base", base))
     data = getattr(spec, "data", None)
     if data is not None:
         found.append(SpecUri("data.source", data.source))

@@ -165,7 +165,8 @@ def _audit_here(body: dict) -> dict:
         drafter = local_path(spec.drafter, "drafter") if spec.drafter.startswith("file://") else spec.drafter
         assert spec.data is not None
         report = run_audit(spec, target=local_path(spec.target.uri, "target"), drafter=drafter,
-                           prompts=local_path(spec.data.source, "prompts file"))
+                           prompts=local_path(spec.data.source, "prompts file"),
+                           base=local_path(spec.target.base, "base model") if spec.target.base else None)
     except DraftsmithError as error:
         click.echo(f"error: {error.code}: {error}", err=True)
         sys.exit(EXIT_INCOMPATIBLE if error.code == "incompatible_drafter" else EXIT_FAILED)

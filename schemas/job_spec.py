@@ -171,9 +171,19 @@ class TargetSpec(StrictModel):
         examples=["bundled:smollm2-135m", "hf://acme/support-llama-8b@v3"],
         max_length=2048,
     )
+    base: str | None = Field(
+        default=None,
+        description="When `uri` is a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors): the base "
+        f"model it was trained on, merged with it at load. Same schemes and rules as `uri`: {TARGET_SCHEMES}. "
+        "Unset: the adapter's base_model_name_or_path, only where that is a folder on the machine that runs the "
+        "job (a Hub id there is never fetched). Set it only for an adapter target.",
+        examples=["hf://meta-llama/Llama-3.1-8B-Instruct@main"],
+        max_length=2048,
+    )
     allow_pickle: bool = Field(
         default=False,
-        description="Allow loading pickle-based weights (.bin/.pt). Off by default: pickle executes code.",
+        description="Allow loading pickle-based weights (.bin/.pt) of the target and of its base. Off by default: "
+        "pickle executes code.",
     )
     trust_remote_code: bool = Field(
         default=False,
@@ -181,10 +191,10 @@ class TargetSpec(StrictModel):
         "may forbid it entirely.",
     )
 
-    @field_validator("uri")
+    @field_validator("uri", "base")
     @classmethod
-    def _valid_uri(cls, value: str, info: ValidationInfo) -> str:
-        return check_uri(value, _file_roots(info), allow_bundled=True)
+    def _valid_uri(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else check_uri(value, _file_roots(info), allow_bundled=True)
 
 
 class DrafterSpec(StrictModel):

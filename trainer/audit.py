@@ -221,7 +221,7 @@ def audit_prompts(source: str, spec: AuditSpec) -> list[Prompt]:
 
 def run_audit(spec: AuditSpec, *, target: str, drafter: str, prompts: str = "builtin",
               on_progress: Callable[[int, int, str], None] | None = None, device: str = "auto",
-              dtype: str = "auto") -> dict:
+              dtype: str = "auto", base: str | None = None) -> dict:
     """An audit from end to end, as `draftsmith audit` runs it here and the worker runs it for the service.
     `spec` is resolved (schemas.audit.resolved); `target`, `drafter`, `prompts` are local paths (or a bundled
     target name / `builtin`) the caller fetched from the spec's URIs. `device`, `dtype`: where the target runs
@@ -234,7 +234,8 @@ def run_audit(spec: AuditSpec, *, target: str, drafter: str, prompts: str = "bui
     chosen = audit_prompts(prompts, spec)  # a bad prompts file fails before the target is loaded
     plan = resolve_device(device, dtype)
     loaded = load_target(resolve_target_path(target), device=plan.device, dtype=plan.dtype,
-                         allow_pickle=spec.target.allow_pickle, trust_remote_code=spec.target.trust_remote_code)
+                         allow_pickle=spec.target.allow_pickle, trust_remote_code=spec.target.trust_remote_code,
+                         base=resolve_target_path(base) if base else None)
     return audit_drafter(loaded, drafter, chosen, spec.sampling, max_new_tokens=spec.validation.max_new_tokens,
                          sampling_draws=spec.validation.sampling_draws, reference_tau=spec.reference_tau,
                          thresholds=spec.thresholds, on_progress=on_progress, device_plan=plan)

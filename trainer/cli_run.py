@@ -19,13 +19,16 @@ from trainer.cli import device_options, parse_layers, sampling_options, train_de
 from trainer.errors import DraftsmithError
 
 
-def job_body(spec_file: Path | None, target: str | None, prompts: str | None, flags: dict) -> dict:
+def job_body(spec_file: Path | None, target: str | None, prompts: str | None, flags: dict,
+             base: str | None = None) -> dict:
     """The JobSpec body: `--spec`'s JSON (if any) with every flag given on the command line laid over it."""
     body = json.loads(spec_file.read_text()) if spec_file else {}
     if not isinstance(body, dict):
         raise DraftsmithError(f"{spec_file} must hold a JSON object, the body of POST /v1/jobs")
     if target is not None:
         body["target"] = {**body.get("target", {}), "uri": target_uri(target)}
+    if base is not None:
+        body.setdefault("target", {})["base"] = target_uri(base)
     if prompts is not None:
         body.setdefault("data", {})["source"] = "builtin" if prompts == "builtin" else Path(prompts).resolve().as_uri()
     for dotted, value in flags.items():
@@ -103,8 +106,9 @@ def run_preset(requested: str, body: dict, *, nproc: int, budget_minutes: float 
 
 
 def target_parameters_billion(uri: str) -> float | None:
-    """The target's size in billions of parameters, as far as its config tells without loading it (a bundled
-    target's known size, a local directory's config.json); None when unknown."""
+    """The target's size in billions of parameters that a decode step runs through (what sizes the gpu preset's
+    time plan), as far as its folder tells without loading it (a bundled target's known size, a local directory's
+    safetensors headers, else its config.json); None when unknown."""
     if uri.startswith("bundled:"):
         from schemas.job_spec import BUNDLED_PARAMETERS_BILLION
 
@@ -112,9 +116,14 @@ def target_parameters_billion(uri: str) -> float | None:
     if not uri.startswith("file://"):
         return None
     try:
-        config = json.loads((Path(file_uri_path(uri)) / "config.json").read_text())
+        folder = Path(file_uri_path(uri))
+        config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
         return None
+    if list(folder.glob("*.safetensors")):  # exact, from the headers; a mixture of experts at its active share
+        from trainer.targets.placement import active_parameters
+
+        return active_parameters(folder, config) / 1e9
     config = config.get("text_config", config)
     try:
         hidden, layers, inner = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
@@ -143,6 +152,9 @@ def parse_spec(body: dict):
 
 @click.command()
 @click.option("--target", "target_spec", default=None, help="Target directory, bundled name (smollm2-135m) or URI.")
+@click.option("--base", "base_spec", default=None,
+              help="For a --target that is a LoRA adapter folder: its base model (directory, bundled name or URI); "
+                   "default: the adapter's base_model_name_or_path when that is a local directory.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True)
 @click.option("--spec", "spec_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
               help="A job spec (the JSON body of POST /v1/jobs); flags given here override its fields.")
@@ -184,7 +196,7 @@ def parse_spec(body: dict):
 @sampling_options
 @device_options(default=None)
 @user_errors
-def run(target_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, variant, num_layers, block_size,
+def run(target_spec, base_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, variant, num_layers, block_size,
         target_layers, mask_token_id, steps, train_minutes, batch_size, anchors_per_sequence, lr, zero_stage,
         allow_pickle, init, nproc, generation_batch_size, preset, budget_minutes, validation_prompts,
         validation_max_new_tokens, sampling_draws, device, dtype, **sampling) -> None:
@@ -204,13 +216,14 @@ def run(target_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, 
         "validation.prompts": validation_prompts, "validation.max_new_tokens": validation_max_new_tokens,
         "validation.sampling_draws": sampling_draws, "compute.device": device, "compute.dtype": dtype,
     }
-    body = job_body(spec_file, target_spec, prompts, flags)
+    body = job_body(spec_file, target_spec, prompts, flags, base=base_spec)
     chosen = run_preset(preset, body, nproc=nproc, budget_minutes=budget_minutes)
     body = lay_under(body, chosen.fields)  # the spec file and the flags win
     body["sampling"] = given_sampling(body.get("sampling", {}), sampling)
     spec = parse_spec(body)
     config = run_config_from_spec(spec, target=local_path(spec.target.uri, "target"),
-                                  prompts=local_path(spec.data.source, "prompts file"))
+                                  prompts=local_path(spec.data.source, "prompts file"),
+                                  base=local_path(spec.target.base, "base model") if spec.target.base else None)
     # Knobs of this machine's run rather than of the job (the service uses their defaults too).
     # (a warm start, `init.from_drafter` in --spec, is the job's own choice and keeps its init)
     config = dataclasses.replace(config, train=config.train.replace(init=config.train.init

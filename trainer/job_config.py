@@ -17,18 +17,23 @@ from trainer.training.config import WARM_START_PREFIX, TrainConfig
 
 
 def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin",
-                         parent_drafter: str | None = None) -> RunConfig:
-    """`target`: the local target directory (or bundled name) resolved from spec.target.uri; `prompts`:
+                         parent_drafter: str | None = None, base: str | None = None) -> RunConfig:
+    """`target`: the local target directory (or bundled name) resolved from spec.target.uri; `base`: the local
+    base model folder resolved from spec.target.base (an adapter target's); `prompts`:
     `builtin` or the local prompts file resolved from spec.data.source; `parent_drafter`: the local drafter
     directory resolved from spec.init.from_drafter (a file:// URI is read in place when none is given)."""
     training = spec.training
     extra = {}  # TrainConfig fields set only when the spec says so
     if training.warmup_share is not None:  # None: TrainConfig's fixed warm-up steps (the CPU recipe's)
         extra["warmup_steps"] = max(1, round(training.warmup_share * training.max_steps))
+    if spec.target.base is not None and base is None:
+        raise DraftsmithError(f"target.base {spec.target.base!r} must be resolved to a local folder by the caller "
+                              "(as target.uri is) and passed as `base`")
     if spec.init is not None:
         extra["init"] = WARM_START_PREFIX + drafter_dir(parent_drafter or _local(spec.init.from_drafter))
     return RunConfig(
         target=target,
+        base=base,
         sampling=spec.sampling,
         prompts=prompts,
         num_prompts=spec.data.count,

@@ -49,7 +49,9 @@ class RunConfig:
     its RunConfig from its JobSpec through trainer/job_config.py, `draftsmith run` from its flags the same way."""
 
     target: str
-    """Target directory, or a bundled name (smollm2-135m)."""
+    """Target directory, or a bundled name (smollm2-135m), or a LoRA adapter folder (trainer/targets/adapters.py)."""
+    base: str | None = None
+    """For an adapter target: the base model's folder (None: the local folder the adapter names, if any)."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompts: str = "builtin"
     """`builtin` or a local .jsonl/.parquet prompts file."""
@@ -173,9 +175,10 @@ def load_job_target(config: RunConfig, plan: DevicePlan | None = None):
     from trainer.targets.bundled import resolve_target_path
 
     plan = plan or job_device_plan(config)
+    base = resolve_target_path(config.base) if config.base else None
     return load_target(resolve_target_path(config.target), device=plan.device, dtype=plan.dtype,
                        allow_pickle=config.allow_pickle, trust_remote_code=config.trust_remote_code,
-                       may_split=plan.count > 1)  # a job that names one GPU (cuda:N) is never split
+                       may_split=plan.count > 1, base=base)  # a job that names one GPU (cuda:N) is never split
 
 
 def parent_drafter_config(config: RunConfig):
@@ -264,6 +267,7 @@ class JobStages:
                 mask_token_id, reason = parent.mask_token_id, "the parent drafter's (warm start)"
             taps = list(c.target_layer_ids or parent.target_layer_ids)
         prepared = {"target_path": str(target.path), "fingerprint": target.fingerprint,
+                    "adapter_path": None if target.adapter_path is None else str(target.adapter_path),
                     "mask_token_id": mask_token_id, "mask_token_rule": reason, "tap_layer_ids": taps,
                     "train_prompts": len(train_prompts), "holdout_prompts": len(holdout)}
         shape = drafter_config_for(c, target, prepared)  # validates the drafter's shape (taps in range, mask id) now

@@ -85,6 +85,9 @@ def run_audit(ctx: WorkerContext, audit_id: str) -> str:
         target = resolve_target(spec.target.uri, ctx.settings, ctx.cache, caller=caller,
                                 allow_pickle=spec.target.allow_pickle, trust_remote_code=spec.target.trust_remote_code)
         target_revision = target.revision
+        base = None if spec.target.base is None else resolve_target(  # an adapter target's base, as the target
+            spec.target.base, ctx.settings, ctx.cache, caller=caller, allow_pickle=spec.target.allow_pickle,
+            trust_remote_code=spec.target.trust_remote_code)
         drafter = resolve_drafter(spec.drafter, ctx, org_id)
         assert spec.data is not None
         uploaded_key = None
@@ -97,7 +100,8 @@ def run_audit(ctx: WorkerContext, audit_id: str) -> str:
         heartbeat.check()  # cancelled while the inputs were fetched: load no model
         # An audit has no compute section: it runs where this worker's setting says (trainer/device.py decides).
         report = measure(spec, target=target.path, drafter=drafter.path, prompts=prompts.path,
-                         on_progress=heartbeat.check, device=ctx.settings.worker_device)
+                         on_progress=heartbeat.check, device=ctx.settings.worker_device,
+                         base=base.path if base else None)
         report["drafter_revision"] = drafter.revision
         tokens = report["tokens_generated"]
         with ctx.session_factory() as session:

@@ -60,14 +60,19 @@ def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, 
     stage's helpers, fetch those revisions, whichever machine they run on."""
     sources_file = files.work / "sources.json"
     if pin or not sources_file.is_file():
-        target_uri, source = spec.target.uri, spec.data.source
+        target_uri, source, base_uri = spec.target.uri, spec.data.source, spec.target.base
     else:
         pinned = json.loads(sources_file.read_text())
         target_uri, source = pinned["target"]["pinned_uri"], pinned["prompts"]["pinned_uri"]
+        base_uri = pinned["base"]["pinned_uri"] if "base" in pinned else spec.target.base
     cache = ctx.cache
     caller = Caller(job.org_id, ctx.session_factory)  # every fetch is judged for this organisation
     target = resolve_target(target_uri, ctx.settings, cache, caller=caller, allow_pickle=spec.target.allow_pickle,
                             trust_remote_code=spec.target.trust_remote_code, should_stop=should_stop)
+    # An adapter target's base model: fetched by the same function, so the same scope, credentials and file rules
+    base = None if base_uri is None else resolve_target(
+        base_uri, ctx.settings, cache, caller=caller, allow_pickle=spec.target.allow_pickle,
+        trust_remote_code=spec.target.trust_remote_code, should_stop=should_stop)
     uploaded_key = None
     if source.startswith("file-"):
         with ctx.session_factory() as session:
@@ -85,6 +90,9 @@ def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, 
                              "pinned_uri": _pinned(spec.target.uri, target.revision)},
                   "prompts": {"uri": source, "revision": prompts.revision,
                               "pinned_uri": _pinned(source, prompts.revision)}}
+        if base is not None:
+            pinned["base"] = {"uri": spec.target.base, "revision": base.revision,
+                              "pinned_uri": _pinned(spec.target.base, base.revision)}
         if spec.init is not None and parent is not None:
             pinned["init"] = {"uri": spec.init.from_drafter, "revision": parent.revision,
                               "pinned_uri": _pinned(spec.init.from_drafter, parent.revision)}
@@ -93,7 +101,8 @@ def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, 
         files.sync.push(sources_file)
         reporter.event(f"target {spec.target.uri}" + (f" pinned at revision {target.revision}" if target.revision else ""),
                        data={"target_revision": target.revision, "prompts_revision": prompts.revision})
-    return {"target": target.path, "prompts": prompts.path, "parent_drafter": parent.path if parent else None}
+    return {"target": target.path, "prompts": prompts.path, "parent_drafter": parent.path if parent else None,
+            "base": base.path if base else None}
 
 
 def _pinned(uri: str, revision: str | None) -> str:

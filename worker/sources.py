@@ -49,7 +49,8 @@ from trainer.errors import DraftsmithError, StageInterrupted, TargetError
 
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
                     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
-                    "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+                    "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                    "adapter_config.json")  # a LoRA adapter target (its weights: adapter_model.safetensors)
 PICKLE_FILES = ("*.bin", "*.pt", "*.pth", "pytorch_model.bin.index.json")
 CODE_FILES = ("*.py",)
 

@@ -55,7 +55,7 @@ CHANGES = {
     "compute": {"device": "cuda:1", "dtype": "float32"},
     "init": {"from_drafter": "file:///drafters/base"},  # a warm start (issue 12): resolved paths map as file:// does
 }
-SERVICE_ONLY = {"target": {"uri"}, "data": {"source"}}  # resolved to local paths by the caller
+SERVICE_ONLY = {"target": {"uri", "base"}, "data": {"source"}}  # resolved to local paths by the caller
 MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
 
 

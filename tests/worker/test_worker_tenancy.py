@@ -103,6 +103,7 @@ def test_hostile_stored_specs_fail_in_the_worker_and_touch_nothing_of_a(harness,
     files, artifacts = f"{base}/files/{a.org_id}/{a_file}.jsonl", f"{base}/jobs/{a_job}/artifacts"
     cases = [  # (sections of the injected spec, the URI its error must name)
         ({"target": {"uri": f"{base}/jobs/{a_job}/work"}}, f"{base}/jobs/{a_job}/work"),
+        ({"target": {"uri": "bundled:smollm2-135m", "base": f"{base}/jobs/{a_job}/work"}}, f"{base}/jobs/{a_job}/work"),
         ({"data": {"source": files}}, files),
         ({"data": {"source": files.replace("/files/", "//files/")}}, "//files/"),
         ({"data": {"source": files.replace(f"s3://{BUCKET}", f"s3://{BUCKET}.localhost")}}, f"{BUCKET}.localhost"),

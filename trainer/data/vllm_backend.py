@@ -67,6 +67,9 @@ class VllmResponses:
                  log_path: str | Path | None = None, tensor_parallel_size: int = 1):
         if target.path is None:
             raise EngineFailed("vLLM loads the target from its folder; this target was built in memory")
+        if getattr(target, "adapter_path", None) is not None:  # its folder is the base: vLLM would miss the adapter
+            raise EngineFailed("vLLM loads the target from its folder; this target is a LoRA adapter merged into its "
+                               "base in memory: use the builtin generate backend, or hand over the merged model")
         self.target = target
         self.max_model_len = max_model_len or min(target.config.max_position_embeddings, MAX_MODEL_LEN)
         # The built-in loop's thread count: both engines run one at a time (regenerate waits on vLLM, then

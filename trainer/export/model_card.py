@@ -99,6 +99,14 @@ def _family_lines(target: Target) -> tuple[str, str]:
     return line, ggufs
 
 
+def _adapter_line(target: Target) -> str:
+    """For a target handed over as a LoRA adapter: which adapter over which base (what serving must merge)."""
+    if getattr(target, "adapter_path", None) is None:
+        return ""
+    return (f"- target: the LoRA adapter `{target.adapter_path}` over the base model `{target.path}`, merged into it "
+            "(peft's `merge_and_unload`); serve the merged model, or the base with this adapter merged the same way\n")
+
+
 def model_card(config: DrafterConfig, target: Target, report: ValidationReport | None, target_name: str) -> str:
     block = config.block_size
     recommended = report.recommended_block_size if report and report.recommended_block_size is not None else block
@@ -125,6 +133,7 @@ def model_card(config: DrafterConfig, target: Target, report: ValidationReport |
     vllm_command = (measured.command if measured else
                     f"LLM(model=TARGET, speculative_config={speculative}).generate(prompt_token_ids, ...)")
     family_line, gguf_files = _family_lines(target)
+    adapter_line = _adapter_line(target)
     llama_command = _llama_command(report, llama_gguf, recommended)
     return f"""---
 library_name: transformers
@@ -137,7 +146,7 @@ sampling parameters. It drafts {block - 1} tokens per cycle from the target's ow
 {list(config.target_layer_ids)}) and borrows the target's embedding and LM head. Verification makes the
 output identical to the target's alone (greedy) and distributed exactly like it (sampling).
 
-- target fingerprint (tokenizer + embedding): `{target.fingerprint}`
+{adapter_line}- target fingerprint (tokenizer + embedding{" + adapter" if adapter_line else ""}): `{target.fingerprint}`
 - drafter: {config.num_layers} layers, hidden size {config.hidden_size}, block size {block}, mask token id
   {config.mask_token_id}
 {family_line}

@@ -20,15 +20,22 @@ import torch
 from torch.nn import functional as F
 
 from trainer.errors import TargetError
+from trainer.targets.adapters import adapter_digest, merge_adapter, model_and_adapter
 from trainer.targets.families import ADD_A_FAMILY_HINT, SUPPORTED_MODEL_TYPES, Rollback, describe
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILE_SETS = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
 
 
-def inspect_target_dir(path: str | Path, *, allow_pickle: bool = False) -> dict:
-    """Check a target directory without loading it; return its config. Raises TargetError in one line."""
-    path = Path(path)
+def inspect_target_dir(path: str | Path, *, allow_pickle: bool = False, base: str | Path | None = None) -> dict:
+    """Check a target directory without loading it; return its config. Raises TargetError in one line. A LoRA
+    adapter folder (trainer/targets/adapters.py) is checked with its base (`base`, else the one it names); the
+    base's config is returned."""
+    model_dir, _ = model_and_adapter(path, allow_pickle=allow_pickle, base=base)
+    return _inspect_model_dir(model_dir, allow_pickle)
+
+
+def _inspect_model_dir(path: Path, allow_pickle: bool) -> dict:
     if not path.is_dir():
         raise TargetError(f"target {path}: not a directory; pass a Hugging Face model directory")
     config_file = path / "config.json"
@@ -46,7 +53,7 @@ def inspect_target_dir(path: str | Path, *, allow_pickle: bool = False) -> dict:
                           f"supported model_type values: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}; "
                           f"{ADD_A_FAMILY_HINT}")
     _check_weights(path, allow_pickle)
-    if not any(all((path / name).is_file() for name in names) for names in TOKENIZER_FILE_SETS):
+    if not _has_tokenizer(path):
         raise TargetError(f"target {path}: tokenizer files are missing; save the tokenizer into the model "
                           "directory (tokenizer.json, or tokenizer.model, or vocab.json + merges.txt)")
     return config
@@ -76,17 +83,21 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def load_target(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                allow_pickle: bool = False, trust_remote_code: bool = False, may_split: bool | None = None) -> Target:
+                allow_pickle: bool = False, trust_remote_code: bool = False, may_split: bool | None = None,
+                base: str | Path | None = None) -> Target:
     """Load a checked target directory in float32 on CPU (bfloat16 on GPU). Runs code shipped with the
     checkpoint only when `trust_remote_code` is given (a job's explicit, deployment-allowed choice).
+
+    A LoRA adapter folder is loaded over its base (`base`, else the local folder it names) and merged into it in
+    `dtype`; its own tokenizer files, when it has them, are the target's tokenizer.
 
     On a machine with several GPUs, a target too large for `device`'s GPU is split by layers over the next ones
     (trainer/targets/placement.py), or refused naming what to change. `may_split`: whether it may be (None: yes,
     unless this process is one of several training ranks, which each hold a whole target)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = Path(path)
-    config = inspect_target_dir(path, allow_pickle=allow_pickle)
+    path, adapter = model_and_adapter(path, allow_pickle=allow_pickle, base=base)
+    config = _inspect_model_dir(path, allow_pickle)
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
     placement = gpu_placement(path, config, device, dtype, may_split)
@@ -94,6 +105,8 @@ def load_target(path: str | Path, *, device: str | torch.device = "cpu", dtype: 
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=not allow_pickle or None, **options,
     )
+    if adapter is not None:
+        model = merge_adapter(model, adapter)
     if options:
         _check_all_on_gpus(model, path)
     else:
@@ -101,7 +114,27 @@ def load_target(path: str | Path, *, device: str | torch.device = "cpu", dtype: 
     model.eval()
     model.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    return Target(model, tokenizer, path)
+    if adapter is not None and _has_tokenizer(adapter):
+        tokenizer = _adapter_tokenizer(adapter, tokenizer, trust_remote_code)
+    return Target(model, tokenizer, path, adapter_path=adapter)
+
+
+def _has_tokenizer(path: Path) -> bool:
+    return any(all((path / name).is_file() for name in names) for names in TOKENIZER_FILE_SETS)
+
+
+def _adapter_tokenizer(adapter: Path, base_tokenizer, trust_remote_code: bool):
+    """The adapter's own tokenizer (its chat template may be the fine-tune's). Its vocabulary must be the base's:
+    the drafter shares the merged model's embedding table, and export writes the GGUF's vocabulary from the base
+    folder's tokenizer files."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(adapter, trust_remote_code=trust_remote_code)
+    if tokenizer.get_vocab() != base_tokenizer.get_vocab():
+        raise TargetError(f"target {adapter}: the adapter's tokenizer has another vocabulary than its base's "
+                          f"({len(tokenizer)} against {len(base_tokenizer)} tokens); an adapter that changes the "
+                          "vocabulary is not supported: merge it and hand over the merged model")
+    return tokenizer
 
 
 def gpu_placement(path: Path, config: dict, device: torch.device, dtype: torch.dtype, may_split: bool | None):
@@ -176,10 +209,15 @@ def _restore_recurrent_state(layer, state: dict) -> None:
 class Target:
     """A frozen causal LM with the handles a DFlash drafter needs."""
 
-    def __init__(self, model, tokenizer, path: Path | None = None):
+    def __init__(self, model, tokenizer, path: Path | None = None, *, adapter_path: Path | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.path = path
+        """The folder of the full model (for an adapter target: its base): config.json and tokenizer files, which
+        export's GGUF writer reads. Engines that load a model from a folder (vLLM, llama.cpp) would load it without
+        the adapter, so they refuse a target with an `adapter_path`."""
+        self.adapter_path = adapter_path
+        """The LoRA adapter folder merged into `model` (trainer/targets/adapters.py), else None."""
         self.config = model.config.get_text_config()
         self.layers = model.get_decoder().layers
         self.cache_argument = cache_argument(model)
@@ -313,7 +351,8 @@ class Target:
 
     @cached_property
     def fingerprint(self) -> str:
-        """Identity of what a drafter depends on: the tokenizer's vocabulary and the embedding table."""
+        """Identity of what a drafter depends on: the tokenizer's vocabulary and the embedding table, and the
+        adapter merged into the target, if any."""
         digest = hashlib.sha256()
         vocab = sorted(self.tokenizer.get_vocab().items())
         digest.update(json.dumps(vocab, ensure_ascii=False).encode())
@@ -321,4 +360,6 @@ class Target:
         weight = self.embedding_weight.detach().to(torch.bfloat16).cpu().contiguous()
         digest.update(str(tuple(weight.shape)).encode())
         digest.update(weight.view(torch.int16).numpy().tobytes())
+        if self.adapter_path is not None:  # a LoRA over the attention leaves the embedding table as the base's
+            digest.update(b"adapter" + adapter_digest(self.adapter_path))
         return "sha256:" + digest.hexdigest()[:32]

@@ -55,6 +55,18 @@ def engine_threads() -> int:
     return cores if os.getloadavg()[0] < 0.5 else max(1, cores - round(os.getloadavg()[0]))
 
 
+ADAPTER_SKIP = ("every engine: the target is a LoRA adapter merged into its base in memory, and the engines load a "
+                "model folder (which holds the base alone); hand over the merged model to measure them")
+
+
+def _adapter_skipped(target, section: dict) -> bool:
+    """A LoRA adapter target's folder is its base: an engine loading it would measure the base, without the adapter."""
+    if getattr(target, "adapter_path", None) is None:
+        return False
+    section["skipped"].append(ADAPTER_SKIP)
+    return True
+
+
 def first_difference(got: list[int], expected: list[int]) -> int | None:
     """First position where two greedy outputs differ (None: identical)."""
     if got == expected:
@@ -233,7 +245,7 @@ def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_t
     threads = engine_threads()
     section: dict = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "threads": threads,
                      "decoding": "greedy, batch 1, one untimed warm-up request per run", "skipped": [], "rows": []}
-    if not wanted:
+    if not wanted or _adapter_skipped(target, section):
         return section
     found = {"llama.cpp": engine_paths.llama_cpp_bin(), "vllm": engine_paths.vllm_python()}
     for engine in wanted:
@@ -328,6 +340,8 @@ def engine_step(target, drafter_dir: Path, prompts: list, params, *, work_dir: P
     wanted = ENGINES if engines is None else tuple(engines)
     if not any(found.get(e) for e in wanted):
         return {"skipped": [engine_paths.missing(e) for e in wanted if e in found], "rows": []}
+    if getattr(target, "adapter_path", None) is not None:  # its folder is the base (see `_adapter_skipped`)
+        return {"skipped": [ADAPTER_SKIP], "rows": []}
     greedy = params.model_copy(update={"temperature": 0.0, "max_new_tokens": max_new_tokens})
     rendered = [render_prompt(target.tokenizer, list(p.messages), params.chat_template) for p in prompts[:num_prompts]]
     plain = SpeculativeDecoder(target)
