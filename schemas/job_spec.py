@@ -173,10 +173,8 @@ class TargetSpec(StrictModel):
     )
     base: str | None = Field(
         default=None,
-        description="When `uri` is a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors): the base "
-        f"model it was trained on, merged with it at load. Same schemes and rules as `uri`: {TARGET_SCHEMES}. "
-        "Unset: the adapter's base_model_name_or_path, only where that is a folder on the machine that runs the "
-        "job (a Hub id there is never fetched). Set it only for an adapter target.",
+        description="A LoRA adapter target's base model, merged at load (schemes as `uri`; unset: the adapter's "
+        "own base_model_name_or_path, if local).",
         examples=["hf://meta-llama/Llama-3.1-8B-Instruct@main"],
         max_length=2048,
     )
