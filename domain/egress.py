@@ -167,16 +167,22 @@ class EgressPolicy:
         return cls(tuple(ipaddress.ip_network(n, strict=False) for n in settings.egress_allowed_networks),
                    tuple(services))
 
-    def _own_service_problem(self, address: IPAddress, port: int) -> str | None:
-        for host, service_port in self.own_services:
-            if service_port != port:
-                continue
+    @functools.cached_property
+    def _services(self) -> tuple[tuple[frozenset[IPAddress], int, bool], ...]:
+        """Each own service's addresses, its port, and whether it runs on this machine: resolved once per policy,
+        not at every connection it judges."""
+        services = []
+        for host, port in self.own_services:
             try:
-                service_addresses = [_address(a) for a in resolver(host, port)]
+                addresses = frozenset(_address(a) for a in resolver(host, port))
             except (OSError, UnicodeError, ValueError):
                 continue  # a service name this machine cannot resolve cannot be reached through it either
-            if address in service_addresses or (is_this_machine(address)
-                                                and any(is_this_machine(a) for a in service_addresses)):
+            services.append((addresses, port, any(is_this_machine(a) for a in addresses)))
+        return tuple(services)
+
+    def _own_service_problem(self, address: IPAddress, port: int) -> str | None:
+        for addresses, service_port, on_this_machine in self._services:
+            if service_port == port and (address in addresses or (on_this_machine and is_this_machine(address))):
                 return f"one of this deployment's own services (port {port})"
         return None
 

@@ -185,12 +185,6 @@ class CacheMark:
     """Copies of the recurrent layers' states by cache layer index; None when every layer can be cropped."""
 
 
-def _is_recurrent(layer) -> bool:
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin
-
-    return isinstance(layer, LinearAttentionCacheLayerMixin)
-
-
 _STATE_FIELDS = ("conv_states", "recurrent_states", "is_conv_states_initialized", "is_recurrent_states_initialized",
                  "has_previous_state")
 
@@ -276,8 +270,11 @@ class Target:
         recurrent (linear-attention) layers, a copy of their states, which no crop can recover."""
         if self.rollback is Rollback.CROP:
             return CacheMark(cache.get_seq_length(), None)
-        return CacheMark(cache.get_seq_length(), {index: _recurrent_state(layer) for index, layer
-                                                  in enumerate(cache.layers) if _is_recurrent(layer)})
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+        return CacheMark(cache.get_seq_length(), {index: _recurrent_state(layer) for index, layer in
+                                                  enumerate(cache.layers)
+                                                  if isinstance(layer, LinearAttentionCacheLayerMixin)})
 
     @torch.inference_mode()
     def rewind(self, cache, mark: CacheMark, kept: list[int]) -> None:
@@ -285,18 +282,19 @@ class Target:
         the marked prefix: attention layers cropped; recurrent layers restored to the marked state and the kept
         tokens replayed through the target (one forward, only when some token was rejected)."""
         length = mark.length + len(kept)
-        if mark.states is None or cache.get_seq_length() == length:
+        if mark.states is None:
             self.crop_cache(cache, length)
-        else:
+            return
+        if cache.get_seq_length() != length:  # a token was rejected: back to the mark, then the kept ones again
             self.crop_cache(cache, mark.length)
             for index, state in mark.states.items():
                 _restore_recurrent_state(cache.layers[index], state)
             if kept:
                 positions = torch.arange(mark.length, length, device=self.device)[None]
                 self.forward(torch.tensor([kept], device=self.device), positions, cache=cache, logits_to_keep=1)
-        for layer in cache.layers:  # past recording grows convolution states; only the kernel's width is needed
-            if _is_recurrent(layer) and any(layer.is_conv_states_initialized.values()):
-                layer.crop(0)
+        for index in mark.states:  # past recording grows convolution states; only the kernel's width is needed
+            if any(cache.layers[index].is_conv_states_initialized.values()):
+                cache.layers[index].crop(0)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None,
