@@ -13,6 +13,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from schemas.manifest import sha256_file
 from trainer.errors import TargetError
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -90,7 +91,5 @@ def adapter_digest(adapter_dir: Path) -> bytes:
     digest = hashlib.sha256(json.dumps({k: v for k, v in config.items() if k not in _WHERE_KEYS},
                                        sort_keys=True).encode())
     weights = adapter_dir / ADAPTER_WEIGHTS
-    with open(weights if weights.is_file() else adapter_dir / ADAPTER_PICKLE, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
+    digest.update(bytes.fromhex(sha256_file(weights if weights.is_file() else adapter_dir / ADAPTER_PICKLE)))
     return digest.digest()
