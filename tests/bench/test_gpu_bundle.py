@@ -66,5 +66,5 @@ def test_parts_out_of_order_fail_the_archive_check(source, tmp_path):
 def test_the_bundle_lists_what_the_gpu_image_lacks():
     names = {requirement.split("==")[0] for requirement in gpu_bundle.REQUIREMENTS}
     assert {"transformers", "pydantic", "scipy", "gguf", "safetensors", "tokenizers", "click"} <= names
-    assert not names & {"torch", "triton"}  # the image's CUDA builds are kept (venv --system-site-packages)
+    assert not names & {"torch", "triton"}  # the image's CUDA builds run it (the bundle goes on PYTHONPATH)
     assert "transformers==5.24.0" in gpu_bundle.REQUIREMENTS
