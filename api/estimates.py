@@ -16,11 +16,12 @@ import math
 import re
 from dataclasses import dataclass
 
-from api.schemas import EstimateOut, GpuEstimate, PresetEstimate
+from api.schemas import EstimateOut, GpuEstimate, PresetEstimate, TrainingMemoryEstimate
 from schemas.bounds import plausible_target_parameters_billion
 from schemas.job_spec import BUNDLED_PARAMETERS_BILLION, JobSpec
 from schemas.presets import choose_preset
 from schemas.prompts import BUILTIN_PROMPT_COUNT, prompts_to_draw
+from schemas.train_memory import reference_shape, training_memory
 from schemas.validation_plan import validation_tokens
 
 
@@ -134,8 +135,29 @@ def _preset_estimates(spec: JobSpec, gpu_class: str | None, gpu_count: int, para
                                       tokens_to_generate=priced.tokens_to_generate,
                                       training_steps=priced.training_steps,
                                       drafter_tokens_per_step=priced.drafter_tokens_per_step,
+                                      training_memory=priced.training_memory,
                                       estimates=priced.estimates, notes=preset.notes))
     return presets
+
+
+def training_memory_estimate(spec: JobSpec, params_b: float, gpu_count: int) -> TrainingMemoryEstimate:
+    """One training step's peak memory on each of `gpu_count` GPUs (schemas/train_memory.py)."""
+    shape = reference_shape(params_b)
+    taps = len(spec.drafter.target_layer_ids or []) or max(3, spec.drafter.num_layers)
+    memory = training_memory(
+        shape, target_parameters_billion=params_b, dtype_bytes=4 if spec.compute.dtype == "float32" else 2,
+        num_layers=spec.drafter.num_layers, block_size=spec.drafter.block_size,
+        anchors_per_sequence=spec.training.anchors_per_sequence, batch_size=spec.training.batch_size,
+        max_new_tokens=spec.sampling.max_new_tokens, taps=taps, dflash2=spec.drafter.variant == "dflash2",
+        gpu_count=gpu_count, zero_stage=spec.training.zero_stage)
+    return TrainingMemoryEstimate(**vars(memory), attention_kernel="memory-efficient SDPA", gpu_count=gpu_count,
+                                  assumed_shape=shape.name)
+
+
+def _memory_note(memory: TrainingMemoryEstimate) -> str:
+    return (f"training memory: {memory.peak_gb:g} GB on one GPU for a drafter shaped like {memory.assumed_shape}, "
+            f"sequences of {memory.sequence_tokens} tokens; attention on the memory-efficient kernel takes "
+            f"{memory.attention_gb:g} GB of it (the float32 math kernel would hold {memory.math_attention_gb:g} GB)")
 
 
 def estimate_job(
@@ -176,6 +198,7 @@ def estimate_job(
         validation_min = validation_tokens_at_batch_rate / generate_rate / 60
         overhead_min = FIXED_OVERHEAD_MINUTES + params_b * 0.25
         total_min = generation_min + training_min + validation_min + overhead_min
+        peak_gb = training_memory_estimate(spec, params_b, count).peak_gb
         estimates.append(
             GpuEstimate(
                 gpu_class=gpu.name, gpu_count=count, price_per_gpu_hour_usd=gpu.price_per_hour_usd,
@@ -184,11 +207,13 @@ def estimate_job(
                 total_minutes=round(total_min, 2),
                 cost_usd=round(total_min / 60 * gpu.price_per_hour_usd * count, 2),
                 training_limited_by=limited_by,  # type: ignore[arg-type]
+                training_peak_memory_gb=peak_gb, training_fits=peak_gb <= gpu.memory_gb,
             )
         )
-    presets = _preset_estimates(spec, gpu_class, gpu_count, params_b, active_b, uploaded_prompts) if with_presets else []
+    memory = training_memory_estimate(spec, params_b, 1)
     return EstimateOut(
-        presets=presets,
+        presets=_preset_estimates(spec, gpu_class, gpu_count, params_b, active_b, uploaded_prompts) if with_presets
+        else [],
         prompts=prompts,
         holdout_prompts=holdout,
         tokens_to_generate=tokens_to_generate,
@@ -196,6 +221,7 @@ def estimate_job(
         drafter_tokens_per_step=tokens_per_step,
         target_parameters_billion=params_b,
         target_active_parameters_billion=active_b,
+        training_memory=memory,
         estimates=estimates,
         assumptions=[
             size_note,
@@ -210,6 +236,7 @@ def estimate_job(
             f"validation decodes each of its prompts once in batches and, on a GPU, twice at batch 1 "
             f"(speculatively and the greedy reference; a bfloat16 target's timed third once more), "
             f"{BATCH_ONE_SLOWDOWN:g}x slower per token, and the sampling test's draws",
+            _memory_note(memory),
             f"fixed overhead {FIXED_OVERHEAD_MINUTES:g} min plus 0.25 min per billion parameters to load the target",
         ],
     )

@@ -7,12 +7,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, HttpUrl
 
+from domain.statuses import AuditStatus, JobStatus
 from domain.webhooks import WEBHOOK_EVENT_TYPES
 from schemas.bounds import JsonBody, MultilineText
 from schemas.job_spec import JobSpec
 
 WebhookEventType = Literal["job.started", "job.stage_changed", "job.succeeded", "job.failed", "job.cancelled"]
 assert set(WebhookEventType.__args__) == set(WEBHOOK_EVENT_TYPES)  # type: ignore[attr-defined]
+# The status names, from the one list of each (domain/statuses.py), in its order: the OpenAPI enum, the response
+# models and the job list's filter all read these.
+JobStatusName = Literal[tuple(status.value for status in JobStatus)]  # type: ignore[misc]
+AuditStatusName = Literal[tuple(status.value for status in AuditStatus)]  # type: ignore[misc]
 
 
 class JobError(BaseModel):
@@ -45,10 +50,7 @@ class PublicationOut(BaseModel):
 class JobOut(BaseModel):
     id: str
     object: Literal["job"] = "job"
-    status: Literal[
-        "queued", "preparing", "generating", "training", "validating", "exporting", "publishing",
-        "succeeded", "failed", "cancelling", "cancelled",
-    ]
+    status: JobStatusName
     stage: str | None = Field(description="The stage running now, or the last one that ran.")
     stage_progress: float | None = Field(description="Percent complete of `stage`, when the worker reports it.")
     name: str | None
@@ -206,6 +208,24 @@ class WebhookDeliveryList(BaseModel):
     data: list[WebhookDeliveryOut]
 
 
+class TrainingMemoryEstimate(BaseModel):
+    """One training step's peak GPU memory, per GPU (schemas/train_memory.py: what each term counts)."""
+
+    peak_gb: float = Field(description="Target weights + drafter states + activations + attention, per GPU.")
+    target_weights_gb: float
+    drafter_states_gb: float = Field(description="Drafter weights, gradients and AdamW state (ZeRO-sharded).")
+    attention_gb: float = Field(description="Training attention on the fused (memory-efficient) kernel: one "
+                                "additive mask for the step, K/V expanded to the query heads per layer.")
+    activations_gb: float
+    math_attention_gb: float = Field(description="What attention alone would hold on the float32 math kernel "
+                                     "(every score of every layer), for comparison.")
+    attention_kernel: Literal["memory-efficient SDPA"]
+    gpu_count: int
+    assumed_shape: str = Field(description="The published model whose shape the drafter is sized from.")
+    sequence_tokens: int = Field(description="Assumed tokens per training sequence (a prompt + max_new_tokens).")
+    block_queries: int = Field(description="Block tokens per sequence: anchors x block size.")
+
+
 class GpuEstimate(BaseModel):
     gpu_class: str
     gpu_count: int
@@ -217,6 +237,8 @@ class GpuEstimate(BaseModel):
     total_minutes: float
     cost_usd: float
     training_limited_by: Literal["max_steps", "max_minutes"]
+    training_peak_memory_gb: float = Field(description="One training step's peak memory on each of gpu_count GPUs.")
+    training_fits: bool = Field(description="training_peak_memory_gb is within this GPU class's memory.")
 
 
 class PresetEstimate(BaseModel):
@@ -229,6 +251,7 @@ class PresetEstimate(BaseModel):
     tokens_to_generate: int
     training_steps: int
     drafter_tokens_per_step: int
+    training_memory: TrainingMemoryEstimate
     estimates: list[GpuEstimate]
     notes: list[str] = Field(description="How the preset was sized.")
 
@@ -243,6 +266,7 @@ class EstimateOut(BaseModel):
     target_active_parameters_billion: float = Field(
         description="Parameters a token runs through (a mixture of experts' active share; the size for a dense "
         "model): generation, training and validation time scale with these.")
+    training_memory: TrainingMemoryEstimate = Field(description="One training step's peak GPU memory on one GPU.")
     estimates: list[GpuEstimate]
     assumptions: list[str]
     presets: list[PresetEstimate] = Field(
@@ -380,7 +404,7 @@ class AuditError(BaseModel):
 class AuditOut(BaseModel):
     id: str
     object: Literal["audit"] = "audit"
-    status: Literal["queued", "running", "succeeded", "failed", "cancelling", "cancelled"]
+    status: AuditStatusName
     drafter: str = Field(description="The drafter audited, as given (an id or a URI).")
     drafter_id: str | None
     target_uri: str

@@ -75,8 +75,9 @@ class SpeculativeDecoder:
     def __init__(self, target: Target, drafter: Drafter | None = None, block_size: int | None = None,
                  record_candidates: bool = False, use_draft_vocab: bool = True, verify_width: int = 1):
         self.target = target
-        # Without a drafter: the width of every decode forward (the token, then copies of it whose logits are
-        # dropped and whose cache entries are cropped), so the target alone runs at a verify's shapes.
+        # The least width of every target forward (the block, or the token, then copies of its first token whose
+        # logits are dropped and whose cache entries are cropped), so the target alone runs at a verify's shapes
+        # and a verify near the end of the answer keeps its full width.
         self.verify_width = verify_width
         self.drafter = drafter
         self.record_candidates = record_candidates
@@ -138,7 +139,9 @@ class SpeculativeDecoder:
                 drafts, proposal, candidates = self._draft(tokens[start], start, verify, context, context_start,
                                                            drafter_cache, params, generator)
                 block += drafts
-            width = min(self.verify_width, max_length - start) if verify == 1 else verify
+            # Every forward at least `verify_width` wide to the end of the answer, as a served verify is: bfloat16
+            # rounding depends on the width, so neither decoder may narrow where the other does not.
+            width = max(verify, self.verify_width)
             mark = target.mark(target_cache)
             logits, taps_out = target.forward(
                 torch.tensor([block + block[:1] * (width - len(block))], device=device), self._positions(start, width),

@@ -45,16 +45,22 @@ def capture_batch(target: Target, prompt_ids: list[list[int]], responses: list[t
     positions = torch.arange(width, device=device).expand(len(sequences), -1)
     # logits_to_keep=1: the model's own logits are not needed (see above); one column is the least it computes.
     _, hidden = target.forward(input_ids, positions, None, layers or None, logits_to_keep=1, attention_mask=attention)
-    outputs = []
+    outputs, signals = [], []
     for row, (prompt, (response, reason)) in enumerate(zip(prompt_ids, responses)):
         states = hidden[row, :len(sequences[row])] if hidden is not None else None
         # copy=True: a bfloat16 target would otherwise hand back views that pin the whole batch's tensor.
         stored = states[:, :len(taps) * width_h].to(HIDDEN_DTYPE, copy=True) if taps else None
-        teacher = None
         if teacher_top_k:
             # Position len(prompt)-1 predicts response token 0; position len(prompt)-1+j predicts token j.
             final = states[len(prompt) - 1:, -width_h:]
             values, ids = target.lm_head(final).float().topk(teacher_top_k, dim=-1)
-            teacher = TeacherSignal(ids.to(torch.int32).cpu(), values.cpu(), final.to(HIDDEN_DTYPE).cpu())
-        outputs.append((list(response), stored, reason, teacher))
+            signals.append((ids.to(torch.int32), values, final.to(HIDDEN_DTYPE)))
+        outputs.append((list(response), stored, reason, None))
+    if signals:  # to the host in one copy per kind for the batch, not three per row
+        lengths = [len(ids) for ids, _, _ in signals]
+        # Cloned apart on the host: views of one tensor would share (and pin) the batch's storage.
+        ids, values, finals = ([piece.clone() for piece in torch.cat(kind).cpu().split(lengths)]
+                               for kind in zip(*signals, strict=True))
+        outputs = [(response, stored, reason, TeacherSignal(i, v, f))
+                   for (response, stored, reason, _), i, v, f in zip(outputs, ids, values, finals, strict=True)]
     return outputs

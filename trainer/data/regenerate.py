@@ -128,21 +128,23 @@ def generate_batch(target: Target, prompts: list[list[int]], params: SamplingPar
         if recorder is not None:
             recorder.record(rows, last)
         tokens = last.argmax(-1) if params.greedy else sample(target_probs(last, params), generator)
-        finished = torch.isin(tokens, stop) | (step + 1 == params.max_new_tokens)
-        for live, row in enumerate(rows):
-            responses[row].append(int(tokens[live]))
-            if torch.isin(tokens[live], stop):
+        # The step's one host sync: the tokens and which of them stop, in one transfer; the rest is host-side.
+        chosen, stopped = torch.stack([tokens, torch.isin(tokens, stop).to(tokens.dtype)]).tolist()
+        for row, token, ends in zip(rows, chosen, stopped, strict=True):
+            responses[row].append(token)
+            if ends:
                 reasons[row] = "stop"
-        keep = (~finished).nonzero()[:, 0]
-        if keep.numel() == 0:
+        kept = [] if step + 1 == params.max_new_tokens else [live for live, ends in enumerate(stopped) if not ends]
+        if not kept:
             break
         if on_step is not None:
             generated += len(rows)
-            unused += (len(rows) - keep.numel()) * (params.max_new_tokens - step - 1)
+            unused += (len(rows) - len(kept)) * (params.max_new_tokens - step - 1)
             on_step(generated, generated + unused)
-        if keep.numel() < len(rows):  # finished rows leave the batch and the cache
+        if len(kept) < len(rows):  # finished rows leave the batch and the cache
+            keep = torch.tensor(kept).to(device, non_blocking=True)  # a blocking host-to-GPU copy would sync
             cache.batch_select_indices(keep)
-            rows = [rows[i] for i in keep.tolist()]
+            rows = [rows[i] for i in kept]
             tokens, attention, next_pos = tokens[keep], attention[keep], next_pos[keep]
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         logits, taps = target.forward(tokens[:, None], next_pos[:, None], cache, tap_layer_ids,

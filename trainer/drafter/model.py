@@ -9,8 +9,8 @@ picks the drafts with a candidate selector (kernels/).
 One forward serves both uses:
 - decoding: one block, context features of the newly accepted tokens, and a `DrafterCache` holding the
   keys/values of all earlier context (the block's own keys/values are never cached);
-- training: many blocks side by side over a whole sequence of context, with a boolean mask saying which
-  context each block may see (`trainer/training/blocks.py` builds it).
+- training: many blocks side by side over a whole sequence of context, with a mask saying which context each
+  block may see (`trainer/training/blocks.py` builds it), run on a fused kernel (`trainer/drafter/attention.py`).
 Parameter names equal the reference `dflash` package's, so state dicts load either way.
 """
 
@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from kernels import edge_scores, grouped_dynamic_conv, selector_walk
+from trainer.drafter.attention import attention_bias, attention_dtype, masked_attention
 from trainer.drafter.config import DrafterConfig
 
 
@@ -97,7 +98,10 @@ class Attention(nn.Module):
         v_blk = self._split(self.v_proj(x), self.kv_heads).transpose(1, 2)
         k = torch.cat([k_ctx, k_blk], dim=2)
         v = torch.cat([v_ctx, v_blk], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        if mask is None:  # decoding: no mask, which flash attention runs with grouped-query heads as they are
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=self.heads != self.kv_heads)
+        else:
+            out = masked_attention(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
 
 
@@ -223,7 +227,8 @@ class Drafter(nn.Module):
 
         noise: (batch, Q, H) embeddings of the blocks; positions: (batch, Q) absolute positions;
         context: (batch, S, taps*H) raw target taps; context_positions: (batch, S);
-        mask: None (everything visible) or boolean (batch or 1, 1, Q, S_cached + S + Q);
+        mask: None (everything visible), boolean (batch or 1, 1, Q, S_cached + S + Q; True: visible) or that
+        mask as an additive float bias (`trainer/drafter/attention.py`: attention_bias);
         block_len: length of one block (Q is a whole number of blocks); defaults to Q.
         """
         block_len = block_len or noise.shape[1]
@@ -232,6 +237,8 @@ class Drafter(nn.Module):
             context = context + torch.randn_like(context) * self.context_noise
         rope_block = rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, noise.dtype)
         rope_context = rotary_cos_sin(context_positions, self.config.head_dim, self.config.rope_theta, noise.dtype)
+        if mask is not None and mask.dtype == torch.bool:  # one bias shared by every layer
+            mask = attention_bias(mask, attention_dtype(noise))
         x = noise
         for index, layer in enumerate(self.layers):
             x = layer(x, context, rope_block, rope_context, mask, cache, index, block_len)

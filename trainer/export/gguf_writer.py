@@ -137,10 +137,10 @@ def write_gguf(drafter_dir: Path, target_dir: Path, out_path: Path, dtype: GGUFD
                 writer.add_tensor(gguf_name, data, raw_dtype=qtype)
             if draft_vocab is not None:
                 ids, head = draft_vocab
-                rows = head[ids].detach().to(torch.float32).numpy()
+                rows = head[ids].detach().cpu().to(torch.float32).numpy()  # .numpy() reads host memory only
                 qtype = storage_type("output.weight", rows.ndim, dtype)
                 writer.add_tensor("output.weight", gguf.quants.quantize(rows, qtype), raw_dtype=qtype)
-                writer.add_tensor("d2t", ids.to(torch.int64).numpy())
+                writer.add_tensor("d2t", ids.detach().cpu().to(torch.int64).numpy())
             # Metadata in the converter's order: general.*, model parameters, quantization version, vocab.
             writer.add_type(gguf.GGUFType.MODEL)
             _general_metadata(writer, drafter_dir)

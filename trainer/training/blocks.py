@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.drafter.attention import empty_bias
+
 
 def default_decay_gamma(block_size: int) -> float:
     """Loss decay exp(-(k-1)/gamma): the DFlash paper's gammas (7 at B=16, 5 at B=10, 4 at B=8),
@@ -29,8 +31,11 @@ class BlockBatch:
     """(b, N*B) token ids of the blocks: anchor then mask tokens."""
     block_positions: torch.Tensor
     """(b, N*B) absolute positions of the block tokens."""
-    mask: torch.Tensor
-    """(b, 1, N*B, S + N*B) True where a block query may attend."""
+    anchors: torch.Tensor
+    """(b, N) each block's anchor index (0 for a padding block); with `anchor_valid` all the attention mask needs,
+    so the mask is built where the batch is (`attention_bias`), never copied to a GPU."""
+    anchor_valid: torch.Tensor
+    """(b, N) False for padding blocks (a short sequence's), which see no context."""
     labels: torch.Tensor
     """(b, N, B) token[a + k]; undefined where weight is 0."""
     predecessors: torch.Tensor
@@ -51,6 +56,17 @@ class BlockBatch:
     @property
     def supervised_positions(self) -> int:
         return int((self.weights > 0).sum())
+
+    def attention_bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """(b, 1, N*B, S + N*B) additive attention bias on the batch's device: 0 where a block query may attend
+        (context strictly before its anchor, and its own block, bidirectionally), -inf elsewhere; laid out for the
+        fused kernel (trainer/drafter/attention.py)."""
+        return block_attention_bias(self.anchors, self.anchor_valid, self.context.shape[1], self.block_size, dtype)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """(b, 1, N*B, S + N*B) True where a block query may attend (the bias as a boolean)."""
+        return self.attention_bias(torch.float32) == 0
 
 
 def sample_anchors(input_ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: torch.Tensor, num_anchors: int,
@@ -96,12 +112,6 @@ def build_blocks(input_ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: to
     block_ids = torch.full((batch, blocks, block_size), mask_token_id, dtype=input_ids.dtype)
     block_ids[..., 0] = torch.gather(input_ids, 1, anchors)
 
-    # Attention: context strictly before the block's anchor, plus the block itself.
-    query_block = torch.arange(blocks).repeat_interleave(block_size)  # (N*B,)
-    sees_context = torch.arange(width)[None, None] < anchors[:, query_block, None]  # (b, N*B, S)
-    sees_context &= valid[:, query_block, None]
-    sees_block = (query_block[:, None] == query_block[None, :]).expand(batch, -1, -1)
-    mask = torch.cat([sees_context, sees_block], dim=2)[:, None]
     soft = {}
     if teacher is not None:
         flat = gather_at.view(batch, -1)
@@ -114,5 +124,23 @@ def build_blocks(input_ids: torch.Tensor, lengths: torch.Tensor, prompt_lens: to
                 "teacher_hidden": at_labels(teacher["final"])}
     return BlockBatch(
         context=context, block_ids=block_ids.view(batch, -1), block_positions=positions.view(batch, -1),
-        mask=mask, labels=labels, predecessors=predecessors, weights=weights, **soft,
+        anchors=anchors, anchor_valid=valid, labels=labels, predecessors=predecessors, weights=weights, **soft,
     )
+
+
+def block_attention_bias(anchors: torch.Tensor, valid: torch.Tensor, width: int, block_size: int,
+                         dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention bias of blocks anchored at `anchors` (b, N) over `width` context positions, built on
+    the anchors' device (BlockBatch.attention_bias)."""
+    batch, blocks = anchors.shape
+    queries = blocks * block_size
+    bias = empty_bias((batch, 1, queries, width + queries), dtype, anchors.device).fill_(float("-inf"))
+    # Context strictly before the query's anchor (none for a padding block).
+    query_anchor = anchors.repeat_interleave(block_size, dim=1)[..., None]  # (b, N*B, 1)
+    query_valid = valid.repeat_interleave(block_size, dim=1)[..., None]
+    sees_context = (torch.arange(width, device=anchors.device) < query_anchor) & query_valid
+    bias[:, 0, :, :width].masked_fill_(sees_context, 0.0)
+    # The query's own block, bidirectionally: the diagonal blocks of the (N x B) x (N x B) block part.
+    own = bias[:, 0, :, width:].unflatten(1, (blocks, block_size)).unflatten(-1, (blocks, block_size))
+    torch.diagonal(own, dim1=1, dim2=3).fill_(0.0)
+    return bias

@@ -248,8 +248,9 @@ class Trainer:
 def _to_device(batch, device):
     if device.type == "cpu":
         return batch
-    for field in ("context", "block_ids", "block_positions", "mask", "labels", "predecessors", "weights",
-                  "soft_ids", "soft_logits", "teacher_hidden"):
+    # Not the attention mask: the batch builds it on the device from the anchors (BlockBatch.attention_bias).
+    for field in ("context", "block_ids", "block_positions", "anchors", "anchor_valid", "labels", "predecessors",
+                  "weights", "soft_ids", "soft_logits", "teacher_hidden"):
         if getattr(batch, field) is not None:
             setattr(batch, field, getattr(batch, field).to(device, non_blocking=True))
     return batch

@@ -38,6 +38,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from kernels.linear_cross_entropy import row_cross_entropy
+from trainer.drafter.attention import attention_dtype
 from trainer.drafter.model import Drafter
 from trainer.training.blocks import BlockBatch
 
@@ -103,7 +104,7 @@ class DistillationObjective(nn.Module):
         context_positions = torch.arange(width, device=context.device).expand(context.shape[0], -1)
         hidden = drafter(
             drafter.embed_block(batch.block_ids, frozen.embedding), batch.block_positions, context,
-            context_positions, mask=batch.mask, block_len=batch.block_size,
+            context_positions, mask=batch.attention_bias(attention_dtype(context)), block_len=batch.block_size,
         )
         # Only supervised positions go through the (large) LM head.
         supervised = batch.weights.view(-1) > 0
