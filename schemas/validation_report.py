@@ -220,6 +220,29 @@ class EngineFigures(_Part):
     prompt_ids: list[str] | None = None
 
 
+class TargetDescription(_Part):
+    """The target the drafter was made for: as the job named it, and what its family is
+    (trainer/targets/families.py `describe`)."""
+
+    name: str | None = Field(default=None, description="The job's target: its URI, or the folder given locally.")
+    adapter: bool | None = Field(default=None, description="The target is a LoRA adapter merged into `base`.")
+    base: str | None = Field(default=None, description="An adapter target's base model, as the job named it.")
+    family: str | None = None
+    model_type: str | None = None
+    layer_kinds: dict[str, int] | None = Field(default=None, description="Decoder layers per kind: full, "
+                                               "sliding (window), linear (a recurrent state).")
+    rollback: str | None = Field(default=None, description="How a verify is taken back: crop, or replay "
+                                 "(restore the saved recurrent state and replay the accepted tokens).")
+    moe: bool | None = None
+    active_expert_fraction: float | None = None
+    embedding_scale: float | None = None
+    final_logit_softcap: float | None = None
+    engines: list[str] | None = Field(default=None, description="Engines that serve a DFlash drafter for "
+                                      "this family today.")
+    engines_note: str | None = None
+    gguf: bool | None = Field(default=None, description="The family's vocabulary is one the GGUF writer exports.")
+
+
 class ValidationReport(_Part):
     """report.json: the validation report of one drafter (trainer/validation/report.py's docstring: what is
     measured, and how)."""
@@ -248,6 +271,7 @@ class ValidationReport(_Part):
     sampling_parameters: dict[str, Any] | None = Field(default=None, description="The job's SamplingParams.")
     validation_max_new_tokens: int | None = None
     target_fingerprint: str | None = None
+    target: TargetDescription | None = None
     device: DeviceDescription | None = None
     greedy_gate: GreedyGate | None = None
     warm_start: WarmStart | None = None

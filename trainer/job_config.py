@@ -34,6 +34,8 @@ def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin"
     return RunConfig(
         target=target,
         base=base,
+        target_name=spec.target.uri,
+        base_name=spec.target.base,
         sampling=spec.sampling,
         prompts=prompts,
         num_prompts=spec.data.count,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from schemas import recipe
 from schemas.sampling import SamplingParams
 from schemas.stages import GENERATE_BACKENDS, LOCAL_STAGES, Stage
-from schemas.validation_report import EngineFigures, ValidationReport, WarmStart
+from schemas.validation_report import EngineFigures, TargetDescription, ValidationReport, WarmStart
 from trainer.atomic import atomic_write_json
 from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.training.config import TrainConfig
@@ -52,6 +52,11 @@ class RunConfig:
     """Target directory, or a bundled name (smollm2-135m), or a LoRA adapter folder (trainer/targets/adapters.py)."""
     base: str | None = None
     """For an adapter target: the base model's folder (None: the local folder the adapter names, if any)."""
+    target_name: str | None = None
+    """How the job names its target in report.json and the model card (a REST job: its target.uri, never the
+    worker's local copy; None: `target` as given)."""
+    base_name: str | None = None
+    """How the job names an adapter target's base there (a REST job: its target.base; None: `base`)."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompts: str = "builtin"
     """`builtin` or a local .jsonl/.parquet prompts file."""
@@ -330,6 +335,12 @@ class JobStages:
                 "final_loss": last["loss"], "train_tau_estimate": last["train_tau_estimate"],
                 "device": self.plan.describe()}
 
+    def target_description(self) -> TargetDescription:
+        """The target as the job named it (never a worker's local copy) and its family, for report.json and the
+        model card."""
+        c = self.config
+        return self.target.describe(c.target_name or c.target, c.base_name or c.base)
+
     def validate(self) -> dict:
         from trainer.drafter.checkpoint import load_drafter
         from trainer.validation.report import require_passed, validate
@@ -359,6 +370,7 @@ class JobStages:
                 self.target, self.layout.drafter, holdout[:self.config.validation_prompts], self.config.sampling,
                 work_dir=self.layout.report.parent / "engines", engines=self.config.engines,
                 num_speculative_tokens=report.recommended_block_size - 1, should_stop=self.hooks.should_stop))
+        report.target = self.target_description()
         atomic_write_json(self.layout.report, report.to_json())
         self.hooks.on_saved(self.layout.report)
         require_passed(report)  # a drafter that changes the output is never exported
@@ -372,7 +384,7 @@ class JobStages:
 
         report = ValidationReport.load(self.layout.report) if self.layout.report.is_file() else None
         manifest = export_artifacts(self.layout.drafter, self.target, self.layout.out, report=report,
-                                    metrics_file=self.layout.metrics, target_name=self.config.target)
+                                    metrics_file=self.layout.metrics, names=self.target_description())
         self.hooks.on_saved(self.layout.out)
         return {"files": len(manifest["files"]), "device": self.plan.describe()}
 

@@ -205,6 +205,8 @@ def test_a_run_over_an_adapter_is_lossless_and_its_card_names_both(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["lossless"]["greedy"]["mismatches"] == 0 and report["lossless"]["greedy"]["tokens"] > 0
     assert report["target_fingerprint"] == load_target(moved, base=base).fingerprint != load_target(base).fingerprint
+    named = report["target"]
+    assert (named["adapter"], named["name"], named["base"]) == (True, str(moved), str(base))
     card = (out / "README.md").read_text()
     assert f"the LoRA adapter `{moved}` over the base model `{base}`" in card
     prepared = json.loads((out / ".work" / "prepare.json").read_text())

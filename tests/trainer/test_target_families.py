@@ -125,7 +125,10 @@ def test_the_pipeline_runs_prepare_to_export_on_each_kind_of_family(arch, tmp_pa
     manifest = json.loads((out / "manifest.json").read_text())
     assert ("gguf/drafter-f16.gguf" in manifest["files"]) == (arch != "gemma3")
     card = (out / "README.md").read_text()
-    assert "target family: " + describe(json.loads((target / "config.json").read_text()))["family"] in card
+    family = describe(json.loads((target / "config.json").read_text()))
+    assert "target family: " + family["family"] in card
+    assert (report["target"]["family"], report["target"]["engines"]) == (family["family"], family["engines"])
+    assert report["target"]["adapter"] is False and report["target"]["gguf"] == (arch != "gemma3")
 
 
 def test_a_mixture_of_experts_counts_its_active_share_for_time(tmp_path):

@@ -24,10 +24,10 @@ from pathlib import Path
 
 from report.html import read_metric_records, render_report_html
 from schemas.manifest import build_manifest, sha256_file, verify_manifest  # noqa: F401 - re-exported
-from schemas.validation_report import ValidationReport
+from schemas.validation_report import TargetDescription, ValidationReport
 from trainer.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from trainer.drafter.checkpoint import load_drafter
-from trainer.errors import DraftsmithError
+from trainer.errors import DraftsmithError, TargetError
 from trainer.export.drafter_d2t import D2T_DIR, REFERENCE_DIR, reference_config, write_d2t_drafter
 from trainer.export.gguf_writer import write_gguf
 from trainer.export.model_card import D2T_GGUF, model_card
@@ -35,13 +35,15 @@ from trainer.targets.loading import Target
 from trainer.validation.report import check_compatible
 
 GGUF_TYPES = ("f16", "q8_0")
+SENTENCEPIECE = ("this family's vocabulary is SentencePiece, which the GGUF writer does not export: convert "
+                 "`drafter/` with llama.cpp's convert_hf_to_gguf.py --target-model-dir TARGET")
 
 
 def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Path, *,
                      report: ValidationReport | Mapping | None = None, metrics_file: str | Path | None = None,
-                     target_name: str | None = None) -> dict:
+                     names: TargetDescription | None = None) -> dict:
     """Write the artifact layout into out_dir; return the manifest. `report`: the validation report (the model, or
-    report.json's object)."""
+    report.json's object); `names`: the target as the job named it (`Target.describe`; default its folders)."""
     report = None if report is None else ValidationReport.read(report)
     drafter_dir, out_dir = Path(drafter_dir), Path(out_dir)
     if target.path is None or not (target.path / "config.json").is_file():
@@ -52,15 +54,16 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "manifest.json").unlink(missing_ok=True)  # the directory is unfinished until it is rewritten
 
-    write_engine_drafters(drafter_dir, drafter.draft_vocab, target, out_dir,
-                          recommended_block_size=report.recommended_block_size if report else None)
+    no_gguf = write_engine_drafters(drafter_dir, drafter.draft_vocab, target, out_dir,
+                                    recommended_block_size=report.recommended_block_size if report else None)
     if report is not None:
         atomic_write_json(out_dir / "report.json", report.to_json())
     if metrics_file is not None and Path(metrics_file).is_file():
         _atomic_copy(Path(metrics_file), out_dir / "metrics.jsonl")
-    card = model_card(drafter.config, target, report, target_name or str(target.path))
+    names = names or target.describe()
+    card = model_card(drafter.config, target, report, names, no_gguf=no_gguf)
     atomic_write_bytes(out_dir / "README.md", card.encode())
-    write_report_html(out_dir, report, metrics_file, title=f"Draftsmith drafter for {target_name or target.path}")
+    write_report_html(out_dir, report, metrics_file, title=f"Draftsmith drafter for {names.name}")
     manifest = build_manifest(out_dir)
     atomic_write_json(out_dir / "manifest.json", manifest)
     return manifest
@@ -76,10 +79,11 @@ def write_report_html(out_dir: str | Path, report: ValidationReport | Mapping | 
 
 
 def write_engine_drafters(drafter_dir: Path, draft_vocab, target: Target, out_dir: Path, *,
-                          recommended_block_size: int | None = None, ggufs: tuple[str, ...] = GGUF_TYPES) -> None:
+                          recommended_block_size: int | None = None, ggufs: tuple[str, ...] = GGUF_TYPES) -> str | None:
     """The drafter folders and GGUFs the engines load (also what validation's engine step runs,
     trainer/validation/engines.py): drafter/, gguf/drafter-{ggufs}.gguf and, with a draft vocabulary,
-    drafter-d2t/ and (when q8_0 is among `ggufs`) the d2t GGUF."""
+    drafter-d2t/ and (when q8_0 is among `ggufs`) the d2t GGUF. Returns why no GGUF was written (the target's
+    vocabulary is not one the GGUF writer exports), else None: the other engines' files ship either way."""
     config = json.loads((Path(drafter_dir) / "config.json").read_text())
     if recommended_block_size:
         # `draftsmith decode` (and anyone reading config.json) then drafts at the length validation measured best.
@@ -88,13 +92,17 @@ def write_engine_drafters(drafter_dir: Path, draft_vocab, target: Target, out_di
     staged.mkdir(parents=True, exist_ok=True)
     _reference_weights(Path(drafter_dir) / "model.safetensors", staged / "model.safetensors")
     atomic_write_json(staged / "config.json", reference_config(config))
-    if not target.family["gguf"]:  # a SentencePiece vocabulary: llama.cpp's converter writes its GGUF
+    no_gguf = None if target.family["gguf"] else SENTENCEPIECE
+    if no_gguf is None:
+        (out_dir / "gguf").mkdir(exist_ok=True)
+        try:
+            for dtype in ggufs:
+                write_gguf(staged, target.path, out_dir / "gguf" / f"drafter-{dtype}.gguf", dtype)
+        except TargetError as exc:  # e.g. a BPE pre-tokenizer llama.cpp does not know: the target's, not ours
+            no_gguf = str(exc)
+    if no_gguf is not None:
         ggufs = ()
         shutil.rmtree(out_dir / "gguf", ignore_errors=True)
-    else:
-        (out_dir / "gguf").mkdir(exist_ok=True)
-    for dtype in ggufs:
-        write_gguf(staged, target.path, out_dir / "gguf" / f"drafter-{dtype}.gguf", dtype)
     if draft_vocab is not None:
         # Engines that read a draft vocabulary (vLLM, llama.cpp: `d2t`) draft over it; drafter/ and the GGUFs
         # above keep the full head for those that do not (SGLang, the reference package).
@@ -104,6 +112,7 @@ def write_engine_drafters(drafter_dir: Path, draft_vocab, target: Target, out_di
     else:  # nothing left from an earlier export of another drafter into the same folder
         shutil.rmtree(out_dir / D2T_DIR, ignore_errors=True)
         (out_dir / D2T_GGUF).unlink(missing_ok=True)
+    return no_gguf
 
 
 def _reference_weights(source: Path, destination: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from report.engine_figures import engine_markdown, headline_engine_rows
-from schemas.validation_report import EngineRow, SamplingTest, Speedup, ValidationReport
+from schemas.validation_report import EngineRow, SamplingTest, Speedup, TargetDescription, ValidationReport
 from trainer.drafter.config import DrafterConfig
 from trainer.export.drafter_d2t import D2T_DIR
 from trainer.targets.loading import Target
@@ -87,27 +87,31 @@ def _llama_command(report: ValidationReport | None, llama_gguf: str, recommended
     return f"llama-server -m target.gguf -md ./{llama_gguf} --spec-type draft-dflash --spec-draft-n-max {recommended - 1}"
 
 
-def _family_lines(target: Target) -> tuple[str, str]:
-    """The card's line on the target's family (trainer/targets/families.py), and which GGUFs it has."""
-    family = target.family
-    kinds = ", ".join(f"{count} {kind}" for kind, count in family["layer_kinds"].items())
-    line = (f"- target family: {family['family']} ({kinds} attention layers{', routed experts' if family['moe'] else ''}"
-            f"); engines that serve a DFlash drafter for it: {family['engines']}")
-    ggufs = ("`gguf/drafter-f16.gguf`, `gguf/drafter-q8_0.gguf`" if family["gguf"] else
-             "no GGUF (this family's vocabulary is SentencePiece: convert `drafter/` with llama.cpp's "
-             "convert_hf_to_gguf.py)")
-    return line, ggufs
+def _family_line(names: TargetDescription) -> str:
+    """The card's line on the target's family (trainer/targets/families.py)."""
+    kinds = ", ".join(f"{count} {kind}" for kind, count in (names.layer_kinds or {}).items())
+    note = f" ({names.engines_note})" if names.engines_note else ""
+    return (f"- target family: {names.family} ({kinds} attention layers{', routed experts' if names.moe else ''}); "
+            f"engines that serve a DFlash drafter for it: {', '.join(names.engines or [])}{note}")
 
 
-def _adapter_line(target: Target) -> str:
+def _adapter_line(names: TargetDescription) -> str:
     """For a target handed over as a LoRA adapter: which adapter over which base (what serving must merge)."""
-    if getattr(target, "adapter_path", None) is None:
+    if not names.adapter:
         return ""
-    return (f"- target: the LoRA adapter `{target.adapter_path}` over the base model `{target.path}`, merged into it "
+    return (f"- target: the LoRA adapter `{names.name}` over the base model `{names.base}`, merged into it "
             "(peft's `merge_and_unload`); serve the merged model, or the base with this adapter merged the same way\n")
 
 
-def model_card(config: DrafterConfig, target: Target, report: ValidationReport | None, target_name: str) -> str:
+def _not_served(engine: str, names: TargetDescription) -> str:
+    return (f"{engine} does not serve a DFlash drafter for {names.family} targets today "
+            f"(trainer/targets/families.py); use {', '.join(names.engines or [])}.\n")
+
+
+def model_card(config: DrafterConfig, target: Target, report: ValidationReport | None, names: TargetDescription,
+               *, no_gguf: str | None = None) -> str:
+    """README.md. `names`: the target as the job named it and its family (`Target.describe`); `no_gguf`: why no GGUF
+    was written (export's write_engine_drafters), else None."""
     block = config.block_size
     recommended = report.recommended_block_size if report and report.recommended_block_size is not None else block
     sampling = json.dumps(report.sampling_parameters if report and report.sampling_parameters is not None else {},
@@ -118,28 +122,19 @@ def model_card(config: DrafterConfig, target: Target, report: ValidationReport |
     llama_gguf = D2T_GGUF if config.draft_vocab_size else "gguf/drafter-q8_0.gguf"
     vocab_files = (f", `{D2T_DIR}/` (the drafter with its draft vocabulary of the {config.draft_vocab_size:,} most "
                    f"frequent tokens as vLLM reads one: top-level `draft_vocab_size`, `d2t` and the head's rows as "
-                   f"`lm_head.weight`) and `{D2T_GGUF}` (the same for llama.cpp: its own head + `d2t`)"
+                   f"`lm_head.weight`)" + ("" if no_gguf else f" and `{D2T_GGUF}` (the same for llama.cpp: its own "
+                                                               "head + `d2t`)")
                    if config.draft_vocab_size else "")
     # vLLM reads a draft vocabulary only for DFlash (v1); its DFlash 2 candidate head ignores `d2t`.
     vllm_folder = D2T_DIR if config.draft_vocab_size and config.variant == "dflash" else "drafter"
-    speculative = json.dumps({"method": "dflash", "model": f"./{vllm_folder}", "num_speculative_tokens": recommended - 1})
-    vllm_note = ("vLLM serves DFlash 2 only with its V2 model runner, which needs Triton (a GPU): on a CPU its V1 "
-                 "runner refuses the drafter (\"Model Runner V1 does not support: DFlash candidate-head drafts\"). "
-                 "Train with `drafter.variant: dflash` (`draftsmith run --variant dflash`) for vLLM on a CPU.\n"
-                 if config.variant == "dflash2" else
-                 "This DFlash (v1) drafter loads in vLLM's CPU build as well (its V1 model runner).\n")
-    measured = next((r for r in headline_engine_rows(engines) if r.engine == "vllm" and r.spec == "dflash"
-                     and r.command), None)
-    vllm_command = (measured.command if measured else
-                    f"LLM(model=TARGET, speculative_config={speculative}).generate(prompt_token_ids, ...)")
-    family_line, gguf_files = _family_lines(target)
-    adapter_line = _adapter_line(target)
-    llama_command = _llama_command(report, llama_gguf, recommended)
+    gguf_files = f"no GGUF ({no_gguf})" if no_gguf else "`gguf/drafter-f16.gguf`, `gguf/drafter-q8_0.gguf`"
+    adapter_line = _adapter_line(names)
+    serving = _serving(config, report, names, no_gguf, recommended, llama_gguf, vllm_folder)
     return f"""---
 library_name: transformers
 tags: [speculative-decoding, dflash, draftsmith]
 ---
-# {variant} drafter for `{target_name}`
+# {variant} drafter for `{names.name}`
 
 A block-diffusion speculative-decoding drafter trained by Draftsmith for this exact target and these
 sampling parameters. It drafts {block - 1} tokens per cycle from the target's own hidden states (layers
@@ -149,7 +144,7 @@ output identical to the target's alone (greedy) and distributed exactly like it 
 {adapter_line}- target fingerprint (tokenizer + embedding{" + adapter" if adapter_line else ""}): `{target.fingerprint}`
 - drafter: {config.num_layers} layers, hidden size {config.hidden_size}, block size {block}, mask token id
   {config.mask_token_id}
-{family_line}
+{_family_line(names)}
 - files: `drafter/` (reference `dflash` format, safetensors, full head), {gguf_files}{vocab_files}
 
 ## Sampling parameters it was trained and validated for
@@ -166,34 +161,71 @@ output identical to the target's alone (greedy) and distributed exactly like it 
 {engine_markdown(engines)}
 ## Serving
 
-Which engine loads which file: SGLang, transformers (the `dflash` package) and Draftsmith load `drafter/`;
-vLLM loads `./{vllm_folder}`; llama.cpp loads `{llama_gguf}` (full-head GGUFs: `gguf/drafter-{{f16,q8_0}}.gguf`).
+{serving}"""
+
+
+def _serving(config: DrafterConfig, report: ValidationReport | None, names: TargetDescription, no_gguf: str | None,
+             recommended: int, llama_gguf: str, vllm_folder: str) -> str:
+    """The card's serving section: a command for each engine that serves this family's drafters, a line for each
+    that does not."""
+    served, model = set(names.engines or []), names.base if names.adapter else names.name
+    speculative = json.dumps({"method": "dflash", "model": f"./{vllm_folder}", "num_speculative_tokens": recommended - 1})
+    parts = [f"""Which engine loads which file: SGLang, transformers (the `dflash` package) and Draftsmith load `drafter/`;
+vLLM loads `./{vllm_folder}`; llama.cpp loads `{llama_gguf}`{"" if no_gguf else " (full-head GGUFs: `gguf/drafter-{f16,q8_0}.gguf`)"}.
 Each engine counts the block differently: SGLang takes the whole block (anchor + drafts), vLLM and
 llama.cpp the number of drafted tokens (block size - 1). Block size {recommended} is recommended from the
-measured acceptance; any size up to {block} works.
-
-SGLang:
+measured acceptance; any size up to {config.block_size} works.
+"""]
+    if names.adapter:
+        parts[0] += ("The target is the base with the adapter merged (peft's `merge_and_unload`): serve that merged "
+                     "model where a command says MERGED_TARGET.\n")
+    target_arg = "MERGED_TARGET" if names.adapter else model
+    if "SGLang" in served:
+        parts.append(f"""SGLang:
 ```bash
-python -m sglang.launch_server --model-path {target_name} \\
+python -m sglang.launch_server --model-path {target_arg} \\
     --speculative-algorithm DFLASH --speculative-draft-model-path ./drafter \\
     --speculative-num-draft-tokens {recommended}
 ```
-
-vLLM: {vllm_note.strip()} The engine step runs it offline, as
+""")
+    else:
+        parts.append(f"SGLang: {_not_served('SGLang', names)}")
+    if "vLLM" in served:
+        vllm_note = ("vLLM serves DFlash 2 only with its V2 model runner, which needs Triton (a GPU): on a CPU its V1 "
+                     "runner refuses the drafter (\"Model Runner V1 does not support: DFlash candidate-head drafts\"). "
+                     "Train with `drafter.variant: dflash` (`draftsmith run --variant dflash`) for vLLM on a CPU."
+                     if config.variant == "dflash2" else
+                     "This DFlash (v1) drafter loads in vLLM's CPU build as well (its V1 model runner).")
+        measured = next((r for r in headline_engine_rows(report.engines if report else None)
+                         if r.engine == "vllm" and r.spec == "dflash" and r.command), None)
+        vllm_command = (measured.command if measured else
+                        f"LLM(model=TARGET, speculative_config={speculative}).generate(prompt_token_ids, ...)")
+        parts.append(f"""vLLM: {vllm_note} The engine step runs it offline, as
 `{vllm_command}`; the server takes the same configuration:
 ```bash
-vllm serve {target_name} --speculative-config '{speculative}'
+vllm serve {target_arg} --speculative-config '{speculative}'
 ```
-
-llama.cpp (the command the engine step measured fastest, when it ran; `target.gguf` is the target's GGUF):
+""")
+    else:
+        parts.append(f"vLLM: {_not_served('vLLM', names)}")
+    if "llama.cpp" in served and not no_gguf:
+        parts.append(f"""llama.cpp (the command the engine step measured fastest, when it ran; `target.gguf` is the target's GGUF):
 ```bash
-{llama_command}
+{_llama_command(report, llama_gguf, recommended)}
 ```
-
-Transformers, with the reference package (`pip install dflash==0.1.0`):
+""")
+    else:
+        parts.append("llama.cpp: " + (f"no GGUF was written ({no_gguf}).\n" if no_gguf and "llama.cpp" in served
+                                      else _not_served("llama.cpp", names)))
+    parts.append(f"""Transformers, with the reference package (`pip install dflash==0.1.0`){"" if "transformers" in served else " (not measured on this family)"}:
 ```python
 from dflash.model import {'DFlash2DraftModel' if config.variant == 'dflash2' else 'DFlashDraftModel'} as Drafter, dflash_generate
 drafter = Drafter.from_pretrained("./drafter").eval()
 output_ids = dflash_generate(drafter, target_model, input_ids, max_new_tokens=256, stop_token_ids=[...])
 ```
-"""
+""")
+    if names.rollback == "replay":
+        parts.append("This target carries recurrent (linear-attention) state: an engine must restore it after a "
+                     "rejected draft, which `draftsmith decode` does exactly (restore + replay of the accepted "
+                     "tokens); a plain cache crop is not lossless on it.\n")
+    return "\n".join(parts)

@@ -30,7 +30,10 @@ import math
 from dataclasses import dataclass
 
 
-NOT_MEASURED = "(as the DFlash write-ups and peers' recipes name them; not measured by Draftsmith yet)"
+ENGINES = ("SGLang", "vLLM", "transformers", "llama.cpp")
+"""The serving engines a drafter's export targets (the model card has a command for each one a family has)."""
+NOT_MEASURED = ("as the DFlash write-ups and the peers' recipes name them for this family; not measured by "
+                "Draftsmith yet")
 
 
 class Rollback(enum.Enum):
@@ -47,8 +50,11 @@ class Family:
     """config.json `model_type` values of this family: the text model's, and its multimodal wrapper's."""
     moe: bool = False
     gemma_embedding_scale: bool = False
-    engines: str = "SGLang, vLLM, transformers, llama.cpp"
-    """Which engines serve a DFlash drafter for this family's targets today (the model card repeats it)."""
+    engines: tuple[str, ...] = ENGINES
+    """Which engines serve a DFlash drafter for this family's targets today: the model card gives a serving
+    command for each of these and names the others as not serving this family."""
+    engines_measured: bool = True
+    """Whether Draftsmith measured those engines on this family (else the card says whose word it is)."""
     gguf: bool = True
     """Whether Draftsmith writes the drafter's GGUF: the target's vocabulary is byte-level BPE, the one kind the
     GGUF writer exports (trainer/export/gguf_tokenizer.py). Gemma's is SentencePiece: llama.cpp's own converter."""
@@ -59,18 +65,19 @@ FAMILIES = (
     Family("Mistral", ("mistral",)),
     Family("Qwen2", ("qwen2",)),
     Family("Qwen3", ("qwen3",)),
-    Family("Qwen3 MoE", ("qwen3_moe",), moe=True, engines=f"SGLang, vLLM, transformers {NOT_MEASURED}"),
+    Family("Qwen3 MoE", ("qwen3_moe",), moe=True, engines=("SGLang", "vLLM", "transformers"), engines_measured=False),
     Family("Qwen3.5 (hybrid Gated DeltaNet)", ("qwen3_5_text", "qwen3_5"),
-           engines=f"SGLang, llama.cpp, transformers {NOT_MEASURED}"),
+           engines=("SGLang", "transformers", "llama.cpp"),
+           engines_measured=False),
     Family("Qwen3.5 MoE (hybrid Gated DeltaNet)", ("qwen3_5_moe_text", "qwen3_5_moe"), moe=True,
-           engines=f"SGLang, transformers {NOT_MEASURED}"),
+           engines=("SGLang", "transformers"), engines_measured=False),
     Family("Qwen3-Next (hybrid Gated DeltaNet, MoE)", ("qwen3_next",), moe=True,
-           engines=f"SGLang, transformers {NOT_MEASURED}"),
+           engines=("SGLang", "transformers"), engines_measured=False),
     Family("Gemma 3", ("gemma3_text", "gemma3"), gemma_embedding_scale=True, gguf=False,
-           engines=f"transformers {NOT_MEASURED}"),
+           engines=("transformers",), engines_measured=False),
     Family("Gemma 4", ("gemma4_text", "gemma4"), gemma_embedding_scale=True, gguf=False,
-           engines=f"transformers {NOT_MEASURED}"),
-    Family("gpt-oss (MoE)", ("gpt_oss",), moe=True, engines=f"SGLang, transformers {NOT_MEASURED}"),
+           engines=("transformers",), engines_measured=False),
+    Family("gpt-oss (MoE)", ("gpt_oss",), moe=True, engines=("SGLang", "transformers"), engines_measured=False),
 )
 BY_MODEL_TYPE = {model_type: family for family in FAMILIES for model_type in family.model_types}
 SUPPORTED_MODEL_TYPES = frozenset(BY_MODEL_TYPE)
@@ -136,6 +143,7 @@ def describe(config: dict) -> dict:
         "active_expert_fraction": active_parameter_fraction(config),
         "embedding_scale": embedding_scale(config),
         "final_logit_softcap": final_logit_softcap(config),
-        "engines": family.engines if family else "",
+        "engines": list(family.engines) if family else [],
+        "engines_note": "" if family is None or family.engines_measured else NOT_MEASURED,
         "gguf": bool(family and family.gguf),
     }

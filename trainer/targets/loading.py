@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from schemas.validation_report import TargetDescription
 from trainer.errors import TargetError
 from trainer.targets.adapters import adapter_digest, merge_adapter, model_and_adapter
 from trainer.targets.families import ADD_A_FAMILY_HINT, SUPPORTED_MODEL_TYPES, Rollback, describe
@@ -217,6 +218,13 @@ class Target:
         self.cache_argument = cache_argument(model)
         self.family = describe(model.config.to_dict())
         self.rollback = Rollback(self.family["rollback"])
+
+    def describe(self, name: str | None = None, base: str | None = None) -> TargetDescription:
+        """The target as a job names it (`name`, an adapter's `base`; else the local folders) and its family:
+        report.json's `target` and the model card's."""
+        adapter = self.adapter_path is not None
+        return TargetDescription(name=name or str(self.adapter_path or self.path), adapter=adapter,
+                                 base=(base or str(self.path)) if adapter else None, **self.family)
 
     @property
     def device(self) -> torch.device:

@@ -225,6 +225,21 @@ def _row(engine: str, run: dict, alone: dict | None, outputs, engine_reference, 
     return row
 
 
+def _export_for_engines(target, drafter_dir: Path, export_dir: Path, wanted: tuple[str, ...],
+                        section: dict) -> tuple[str, ...]:
+    """Exports the drafter as `draftsmith export` would; returns the engines still to run (llama.cpp needs a GGUF,
+    which a family without one, or a tokenizer llama.cpp cannot name, does not get)."""
+    from trainer.drafter.checkpoint import load_drafter
+    from trainer.export.artifacts import write_engine_drafters
+
+    drafter = load_drafter(drafter_dir)
+    no_gguf = write_engine_drafters(drafter_dir, drafter.draft_vocab, target, export_dir, ggufs=("q8_0",))
+    if no_gguf and "llama.cpp" in wanted:
+        section["skipped"].append(f"llama.cpp: no GGUF of this drafter ({no_gguf})")
+        return tuple(e for e in wanted if e != "llama.cpp")
+    return wanted
+
+
 def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_tokens: list[list[int]], *,
                 work_dir: Path, engines: tuple[str, ...] | None = None, max_new_tokens: int = ENGINE_MAX_NEW_TOKENS,
                 num_speculative_tokens: int | None = None, export_dir: Path | None = None,
@@ -235,7 +250,6 @@ def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_t
     target's greedy output for each (at `max_new_tokens`). `export_dir`: an export to run as is (else the drafter
     is exported into work_dir first, as `draftsmith export` would). `engines`: which to run (None: those found)."""
     from trainer.drafter.checkpoint import load_drafter
-    from trainer.export.artifacts import write_engine_drafters
     from trainer.export.drafter_d2t import D2T_DIR, REFERENCE_DIR
     from trainer.export.model_card import D2T_GGUF
 
@@ -256,8 +270,7 @@ def run_engines(target, drafter_dir: Path, prompts: list[list[int]], reference_t
     work_dir = Path(work_dir)
     if export_dir is None:
         export_dir = work_dir / "export"
-        drafter = load_drafter(drafter_dir)
-        write_engine_drafters(Path(drafter_dir), drafter.draft_vocab, target, export_dir, ggufs=("q8_0",))
+        wanted = _export_for_engines(target, Path(drafter_dir), export_dir, wanted, section)
     config = load_drafter(export_dir / REFERENCE_DIR).config
     has_d2t = (export_dir / D2T_DIR / "config.json").is_file()
     stop = set(target.stop_token_ids())

@@ -138,7 +138,9 @@ def metrics() -> list[dict]:
 
 
 if __name__ == "__main__":
+    from schemas.validation_report import TargetDescription, ValidationReport
     from trainer.export.model_card import model_card
+    from trainer.targets.families import describe
 
     data = report()
     (HERE / "report.json").write_text(json.dumps(data, indent=2) + "\n")
@@ -146,5 +148,7 @@ if __name__ == "__main__":
     (HERE / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in metrics()))
     config = SimpleNamespace(block_size=8, variant="dflash2", num_layers=2, hidden_size=576, mask_token_id=2, draft_vocab_size=8192,
                              target_layer_ids=[1, 14, 27])
-    card = model_card(config, SimpleNamespace(fingerprint=data["target_fingerprint"]), data, "smollm2-135m")
+    llama = {"model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576}  # SmolLM2-135M's family
+    card = model_card(config, SimpleNamespace(fingerprint=data["target_fingerprint"]), ValidationReport.read(data),
+                      TargetDescription(name="smollm2-135m", adapter=False, **describe(llama)))
     (HERE / "model_card.md").write_text(card)
