@@ -5,8 +5,8 @@ behind a shared resource, fails everything after 30 s). Here at most `2 × api_w
 are being handled at once; a request that cannot start within `api_queue_timeout_seconds` is answered
 at once with 503 + `Retry-After`, so clients back off instead of stacking up.
 
-A slot is the scarce thing, so a request earns one in this order (issue 20: 80 keyless sockets trickling
-multipart bodies at a byte a second once held every slot):
+A slot is the scarce thing, so a request earns one in this order (otherwise 80 keyless sockets trickling
+multipart bodies at a byte a second hold every slot):
 1. its API key is checked first, for every route that needs one (`/v1/...`, the dashboard's own calls), from
    the headers alone: a request without a valid key is answered 401 and never waits for, or holds, a slot,
    and its body is never read. The principal is handed to the route (`api.deps.get_principal`), so a

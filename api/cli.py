@@ -41,7 +41,7 @@ def api(host: str, port: int, workers: int, reload: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="draftsmith-api-") as processes:
         os.environ[PROCESS_DIR_ENV], os.environ[PROCESS_COUNT_ENV] = processes, str(workers)
         # http="httptools": uvicorn's C HTTP/1.1 parser (a base dependency), not the pure-Python h11 that plain
-        # `uvicorn` falls back to: it cost about a millisecond of CPU per request (issue 32).
+        # `uvicorn` falls back to: it cost about a millisecond of CPU per request.
         # timeout_graceful_shutdown: on SIGTERM uvicorn otherwise waits for every request in progress, however long
         # it is stuck (a stuck process then ignored SIGTERM). After this long it cancels them, the app's shutdown
         # interrupts their database statements (api/deps.py Services.close), and the process exits.
@@ -111,7 +111,7 @@ def create(org_name: str, scopes: tuple[str, ...], name: str, max_concurrent_job
            monthly_compute_seconds: int | None, monthly_tokens_generated: int | None,
            monthly_tokens_trained: int | None, database_url: str | None) -> None:
     """Create an API key and print it (it is shown only this once)."""
-    from api.auth import create_api_key
+    from domain.keys import create_api_key
     from domain.db import create_db_engine, create_session_factory
     from domain.models import Organisation
 

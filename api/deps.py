@@ -175,9 +175,10 @@ async def run_read(services: Services, work: Callable[..., T], *args: object) ->
     """`work(connection, *args)` on a worker thread, with a connection of its own (autocommit, read-only use),
     returned to the pool on that thread before the response is sent.
 
-    The hot read routes (issue 32) are `async def` and call this once: one thread hop for all of their database
-    work, and FastAPI then validates and serialises the response on the event loop. A sync route costs two hops
-    (the route, then FastAPI's response validation on another thread) plus the session dependency's work."""
+    The hot read routes (a job list, a job, its events and metrics) are `async def` and call this once: one thread
+    hop for all of their database work, and FastAPI then validates and serialises the response on the event loop.
+    A sync route costs two hops (the route, then FastAPI's response validation on another thread) plus the session
+    dependency's work."""
 
     def call() -> T:
         with (services.read_engine or services.engine).connect() as connection:

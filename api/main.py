@@ -36,7 +36,7 @@ from api.problems import PROBLEM_MEDIA_TYPE, UnhandledErrorMiddleware, install_p
 from domain.redaction import install_log_redaction, register_secret_values, secret_setting_values
 from api.routes import audits, drafters, files, health, job_data, jobs, secrets, usage, webhooks
 from domain.settings import Settings
-from domain.webhooks import dispatch_due_webhooks
+from domain.deliveries import dispatch_due_webhooks
 
 log = logging.getLogger("draftsmith.api")
 

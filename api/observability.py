@@ -20,14 +20,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
-from sqlalchemy import func, select
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from domain.models import Job, WebhookDelivery
 from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE
 from api.schemas import ProcessCapacityOut
+from domain.job_reads import jobs_by_status
 from domain.states import JobStatus
+from domain.webhooks import deliveries_by_status
 
 log = logging.getLogger("draftsmith.api")
 
@@ -43,10 +43,8 @@ class DatabaseCollector(Collector):
         try:
             services = self._services()
             with services.session_factory() as session:  # type: ignore[attr-defined]
-                counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
-                delivery_counts = dict(
-                    session.execute(select(WebhookDelivery.status, func.count()).group_by(WebhookDelivery.status)).all()
-                )
+                counts = jobs_by_status(session)
+                delivery_counts = deliveries_by_status(session)
         except Exception:  # a scrape must not fail because the database is down; /readyz reports that
             log.warning("metrics: database unavailable", exc_info=True)
             return

@@ -1,20 +1,23 @@
 """Response bodies built from domain rows: the HTTP layer's view of jobs, drafters and audits.
 
-The domain (domain/jobs.py, domain/drafters.py, domain/audits.py) returns rows; the response models live in api/schemas.py; this module is the one place that turns one into the other.
+The domain (domain/jobs.py, domain/job_reads.py, domain/drafters.py, domain/audits.py) returns rows; the response
+models live in api/schemas.py. This module turns a job, a drafter or an audit into its body, because several
+routes return each of them (a job from create, list, get, cancel and resume). A body that only one route module
+returns is shaped in that module, next to its route: files (`_file_out`), artifacts and events (job_data.py),
+webhooks (`_out`), usage.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 from pydantic import TypeAdapter
-from sqlalchemy import Connection, Float, Integer, String, bindparam, cast, literal_column, null, select, union_all
-from sqlalchemy.orm import Session
 
+from domain.db import Connection, Session
 from domain.drafters import drafter_chain, publications_by_job
+from domain.job_reads import job_children
 from domain.jobs import load_stored_spec, load_stored_spec_text
-from domain.models import Audit, Drafter, JobLabel, Publication, StageRun, UTCDateTime
+from domain.models import Audit, Drafter
 from api.schemas import (
     AuditError,
     AuditOut,
@@ -26,58 +29,15 @@ from api.schemas import (
 from schemas.job_spec import JobSpec
 
 
-# A job's labels, stage runs and publications come from one query (a UNION ALL of the three, as plain rows: an
-# ORM entity per label, run and publication cost more CPU than the rest of a job list, and each round trip costs as
-# much again; issue 32). Columns: part (0 run, 1 publication, 2 label), job_id, six texts, an int, a float, two
-# timestamps; the first SELECT (runs, real columns) gives the result types. Runs are ordered by (started_at,
-# attempt) and publications by created_at, as before; labels are sorted by key when the body is built.
-def _none(type_: Any) -> Any:
-    return cast(null(), type_)
-
-
-_TEXT, _WHEN = String(), UTCDateTime()
-_CHILDREN = union_all(
-    select(literal_column("0").label("part"), StageRun.job_id, StageRun.id.label("s1"), StageRun.stage.label("s2"),
-           StageRun.status.label("s3"), StageRun.worker_id.label("s4"), StageRun.error_code.label("s5"),
-           StageRun.error_message.label("s6"), StageRun.attempt.label("n1"), StageRun.progress.label("f1"),
-           StageRun.started_at.label("d1"), StageRun.finished_at.label("d2")),
-    select(literal_column("1"), Publication.job_id, Publication.kind, Publication.location, Publication.revision,
-           Publication.url, _none(_TEXT), _none(_TEXT), _none(Integer()), _none(Float()), Publication.created_at,
-           _none(_WHEN)),
-    select(literal_column("2"), JobLabel.job_id, JobLabel.key, JobLabel.value, _none(_TEXT), _none(_TEXT),
-           _none(_TEXT), _none(_TEXT), _none(Integer()), _none(Float()), _none(_WHEN), _none(_WHEN)),
-).subquery("children")
-_CHILDREN_OF = (
-    select(*_CHILDREN.c)
-    .where(_CHILDREN.c.job_id.in_(bindparam("job_ids", expanding=True)))
-    .order_by(_CHILDREN.c.part, _CHILDREN.c.d1, _CHILDREN.c.n1)
-)
-
-
 def _spec(job: Any) -> JobSpec:
-    text = getattr(job, "spec_text", None)  # a row of domain.jobs.JOB_COLUMNS; an entity has `spec`
+    text = getattr(job, "spec_text", None)  # a row of domain.job_reads.JOB_COLUMNS; an entity has `spec`
     return load_stored_spec_text(text) if text is not None else load_stored_spec(job.spec)
 
 
 def jobs_to_out(db: Session | Connection, jobs: list[Any]) -> list[JobOut]:
-    """Response bodies of jobs (Job entities, or rows of domain.jobs.JOB_COLUMNS) with one extra query in total for
-    their labels, stage runs and publications."""
-    labels: dict[str, dict[str, str]] = defaultdict(dict)
-    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    publications: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    if jobs:
-        for part, job_id, s1, s2, s3, s4, s5, s6, n1, f1, d1, d2 in db.execute(
-            _CHILDREN_OF, {"job_ids": [job.id for job in jobs]}
-        ).all():
-            if part == 0:
-                runs[job_id].append({"id": s1, "stage": s2, "attempt": n1, "status": s3, "progress": f1,
-                                     "worker_id": s4, "started_at": d1, "finished_at": d2, "error_code": s5,
-                                     "error_message": s6})
-            elif part == 1:
-                publications[job_id].append({"kind": s1, "location": s2, "revision": s3, "url": s4,
-                                             "created_at": d1})
-            else:
-                labels[job_id][s1] = s2
+    """Response bodies of jobs (Job entities, or rows of domain.job_reads.JOB_COLUMNS) with one extra query in total
+    for their labels, stage runs and publications (domain/job_reads.py `job_children`)."""
+    runs, publications, labels = job_children(db, [job.id for job in jobs])
     bodies = []
     for job in jobs:
         job_runs = runs[job.id]

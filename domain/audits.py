@@ -1,4 +1,4 @@
-"""Drift audits (issue 12): `POST /v1/audits` measures an existing drafter against a (new) target checkpoint.
+"""Drift audits: `POST /v1/audits` measures an existing drafter against a (new) target checkpoint.
 
 An audit is a small job of its own: a row in `audits` (the truth), handed to the worker by task name
 (`draftsmith.run_audit(audit_id)` on the gpu queue), run by `worker/audits.py` through the trainer's
@@ -27,11 +27,13 @@ from sqlalchemy.orm import Session
 
 from domain.db import lock_briefly
 from domain.drafters import get_drafter_for_org
-from domain.jobs import lock_org_and_count_active, parse_spec, refuse_if_full, uploaded_prompt_count
+from domain.files import uploaded_prompt_count
+from domain.jobs import lock_org_and_count_active, parse_spec, refuse_if_full
 from domain.models import Audit, Job, Organisation, new_id, utcnow
 from domain.errors import InvalidTransition, NotFound, ServiceUnavailable
 from domain.redaction import redact_text
 from domain.settings import Settings
+from domain.statuses import AuditStatus
 from domain.storage_scope import check_spec_storage
 from domain.usage import check_quota
 from schemas.audit import AuditSpec, AuditThresholds, resolved
@@ -41,7 +43,6 @@ from schemas.sampling import SamplingParams
 log = logging.getLogger("draftsmith.api")
 MAX_ATTEMPTS = 3
 AUDIT_ID_PREFIX = "aud_"
-
 
 
 def parse_audit_spec(raw: bytes, settings: Settings) -> AuditSpec:
@@ -74,8 +75,9 @@ def create_audit(session: Session, settings: Settings, queue, *, org_id: str, sp
     org, active = lock_org_and_count_active(session, org_id)  # held until the insert commits: no burst gets past
     refuse_if_full(org, active, settings)
     check_quota(session, org, settings, what="audit")
-    row = Audit(id=new_id(AUDIT_ID_PREFIX), org_id=org_id, status="queued", spec=full.model_dump(mode="json"),
-                drafter_ref=spec.drafter, drafter_id=drafter_id, target_uri=spec.target.uri, attempts=0)
+    row = Audit(id=new_id(AUDIT_ID_PREFIX), org_id=org_id, status=str(AuditStatus.QUEUED),
+                spec=full.model_dump(mode="json"), drafter_ref=spec.drafter, drafter_id=drafter_id,
+                target_uri=spec.target.uri, attempts=0)
     session.add(row)
     session.commit()
     try:
@@ -85,7 +87,7 @@ def create_audit(session: Session, settings: Settings, queue, *, org_id: str, sp
         session.rollback()
         row = session.get(Audit, row.id, populate_existing=True)
         assert row is not None
-        row.status, row.finished_at = "failed", utcnow()
+        row.status, row.finished_at = str(AuditStatus.FAILED), utcnow()
         row.error_code, row.error_message = "enqueue_failed", f"broker unavailable: {redact_text(str(exc))}"[:2000]
         session.commit()
         raise ServiceUnavailable(f"audit {row.id} was saved but the broker is unavailable; submit it again once the "
@@ -119,10 +121,10 @@ def cancel_audit(session: Session, org_id: str, audit_id: str) -> Audit:
         lock_briefly(session)
         row = get_audit_for_org(session, org_id, audit_id, lock=True)
         if not _audit_cancel_is_noop(audit_id, row.status):  # another request may have cancelled it while we waited
-            if row.status == "queued":
-                row.status, row.finished_at = "cancelled", utcnow()
+            if row.status == AuditStatus.QUEUED:
+                row.status, row.finished_at = str(AuditStatus.CANCELLED), utcnow()
             else:
-                row.status = "cancelling"
+                row.status = str(AuditStatus.CANCELLING)
         session.commit()
         return row
     except BaseException:
@@ -132,10 +134,10 @@ def cancel_audit(session: Session, org_id: str, audit_id: str) -> Audit:
 
 def _audit_cancel_is_noop(audit_id: str, status: str) -> bool:
     """True when the audit is already cancelling or cancelled; refuses a finished one."""
-    if status in ("succeeded", "failed"):
+    if status in (AuditStatus.SUCCEEDED, AuditStatus.FAILED):
         raise InvalidTransition(f"audit {audit_id} already {status}; there is nothing to cancel",
                                 extra={"audit_status": status})
-    return status in ("cancelling", "cancelled")
+    return status in (AuditStatus.CANCELLING, AuditStatus.CANCELLED)
 
 
 def list_audits(session: Session, org_id: str, *, limit: int, after: str | None, drafter: str | None = None
@@ -156,8 +158,9 @@ def claim_audit(session: Session, audit_id: str, worker_id: str) -> Audit | None
     """queued -> running for this worker; None when the audit is not queued (done, running elsewhere, gone)."""
     now = utcnow()
     claimed = session.execute(
-        update(Audit).where(Audit.id == audit_id, Audit.status == "queued")
-        .values(status="running", worker_id=worker_id, started_at=now, heartbeat_at=now, attempts=Audit.attempts + 1)
+        update(Audit).where(Audit.id == audit_id, Audit.status == str(AuditStatus.QUEUED))
+        .values(status=str(AuditStatus.RUNNING), worker_id=worker_id, started_at=now, heartbeat_at=now,
+                attempts=Audit.attempts + 1)
         .execution_options(synchronize_session=False)).rowcount
     session.commit()
     return session.get(Audit, audit_id, populate_existing=True) if claimed else None
@@ -166,21 +169,22 @@ def claim_audit(session: Session, audit_id: str, worker_id: str) -> Audit | None
 def audit_heartbeat(session: Session, audit_id: str, worker_id: str) -> bool:
     """Keep this worker's attempt visibly alive. False when the worker should stop: a cancellation was requested
     (the beat goes on, so the reaper leaves the audit to its live worker), or the audit is no longer this worker's."""
-    beat = session.execute(update(Audit).where(Audit.id == audit_id, Audit.status.in_(("running", "cancelling")),
+    alive = (str(AuditStatus.RUNNING), str(AuditStatus.CANCELLING))
+    beat = session.execute(update(Audit).where(Audit.id == audit_id, Audit.status.in_(alive),
                                                Audit.worker_id == worker_id)
                            .values(heartbeat_at=utcnow()).execution_options(synchronize_session=False)).rowcount
     session.commit()
     if not beat:
         return False
-    return session.scalar(select(Audit.status).where(Audit.id == audit_id)) == "running"
+    return session.scalar(select(Audit.status).where(Audit.id == audit_id)) == AuditStatus.RUNNING
 
 
 def acknowledge_audit_cancellation(session: Session, audit_id: str, worker_id: str | None = None) -> bool:
     """cancelling -> cancelled, by the worker that stopped (or, `worker_id` None, the reaper for a dead one)."""
-    query = update(Audit).where(Audit.id == audit_id, Audit.status == "cancelling")
+    query = update(Audit).where(Audit.id == audit_id, Audit.status == str(AuditStatus.CANCELLING))
     if worker_id is not None:
         query = query.where(Audit.worker_id == worker_id)
-    done = session.execute(query.values(status="cancelled", finished_at=utcnow())
+    done = session.execute(query.values(status=str(AuditStatus.CANCELLED), finished_at=utcnow())
                            .execution_options(synchronize_session=False)).rowcount
     session.commit()
     return done > 0
@@ -189,8 +193,9 @@ def acknowledge_audit_cancellation(session: Session, audit_id: str, worker_id: s
 def finish_audit(session: Session, audit_id: str, worker_id: str, result: dict[str, Any], *,
                  target_revision: str | None) -> bool:
     done = session.execute(
-        update(Audit).where(Audit.id == audit_id, Audit.status == "running", Audit.worker_id == worker_id)
-        .values(status="succeeded", result=result, recommendation=result["recommendation"]["action"],
+        update(Audit).where(Audit.id == audit_id, Audit.status == str(AuditStatus.RUNNING),
+                            Audit.worker_id == worker_id)
+        .values(status=str(AuditStatus.SUCCEEDED), result=result, recommendation=result["recommendation"]["action"],
                 target_revision=target_revision, finished_at=utcnow(), error_code=None, error_message=None)
         .execution_options(synchronize_session=False)).rowcount
     session.commit()
@@ -202,9 +207,10 @@ def finish_audit(session: Session, audit_id: str, worker_id: str, result: dict[s
 def fail_audit(session: Session, audit_id: str, worker_id: str, *, code: str, message: str,
                target_revision: str | None = None) -> bool:
     done = session.execute(
-        update(Audit).where(Audit.id == audit_id, Audit.status == "running", Audit.worker_id == worker_id)
-        .values(status="failed", error_code=code[:64], error_message=message[:10_000], finished_at=utcnow(),
-                target_revision=target_revision)
+        update(Audit).where(Audit.id == audit_id, Audit.status == str(AuditStatus.RUNNING),
+                            Audit.worker_id == worker_id)
+        .values(status=str(AuditStatus.FAILED), error_code=code[:64], error_message=message[:10_000],
+                finished_at=utcnow(), target_revision=target_revision)
         .execution_options(synchronize_session=False)).rowcount
     session.commit()
     if not done:  # cancelled meanwhile: it ends cancelled, not failed
@@ -217,22 +223,24 @@ def take_over_stale_audits(session: Session, stale_after_seconds: float) -> list
     after MAX_ATTEMPTS; cancelling ones whose worker went quiet end cancelled. Returns the ids to enqueue."""
     cutoff: datetime = utcnow() - timedelta(seconds=stale_after_seconds)
     quiet = or_(Audit.heartbeat_at < cutoff, Audit.heartbeat_at.is_(None))
-    session.execute(update(Audit).where(Audit.status == "cancelling", quiet)
-                    .values(status="cancelled", finished_at=utcnow()).execution_options(synchronize_session=False))
+    session.execute(update(Audit).where(Audit.status == str(AuditStatus.CANCELLING), quiet)
+                    .values(status=str(AuditStatus.CANCELLED), finished_at=utcnow())
+                    .execution_options(synchronize_session=False))
     session.commit()
-    stale = session.execute(select(Audit.id, Audit.attempts).where(Audit.status == "running", quiet)).all()
+    stale = session.execute(
+        select(Audit.id, Audit.attempts).where(Audit.status == str(AuditStatus.RUNNING), quiet)).all()
     requeue = []
     for audit_id, attempts in stale:
         if attempts >= MAX_ATTEMPTS:
-            values = {"status": "failed", "error_code": "worker_lost", "finished_at": utcnow(),
+            values = {"status": str(AuditStatus.FAILED), "error_code": "worker_lost", "finished_at": utcnow(),
                       "error_message": f"the worker went quiet {attempts} times; submit the audit again"}
         else:
-            values = {"status": "queued", "worker_id": None}
+            values = {"status": str(AuditStatus.QUEUED), "worker_id": None}
         claimed = session.execute(
-            update(Audit).where(Audit.id == audit_id, Audit.status == "running", quiet)
+            update(Audit).where(Audit.id == audit_id, Audit.status == str(AuditStatus.RUNNING), quiet)
             .values(**values).execution_options(synchronize_session=False)).rowcount
         session.commit()
-        if claimed and values["status"] == "queued":
+        if claimed and values["status"] == AuditStatus.QUEUED:
             requeue.append(audit_id)
     return requeue
 

@@ -15,12 +15,17 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, pool, text
+from sqlalchemy import Connection, Engine, Row, create_engine, event, pool, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
 from domain.database_url import ensure_sqlite_directory, normalize_database_url
 from domain.settings import Settings
+
+# The database handles the API and the worker hold and pass on (a session, a connection, a factory of sessions, a
+# result row), named here so that code outside domain/ annotates them without importing SQLAlchemy: the queries
+# themselves live in domain/ (tests/test_layout.py names the few files elsewhere that may import it).
+DATABASE_HANDLES = (Connection, Row, Session, sessionmaker)
 
 # How long a request waits for a row another transaction has locked (`lock_briefly`). Row locks are held for
 # milliseconds (a state change and its commit); a wait this long means the holder is stuck, and the request is

@@ -1,4 +1,4 @@
-"""Published drafters and their lineage (issue 12).
+"""Published drafters and their lineage.
 
 Every succeeded job publishes one drafter; the worker records it in the publish stage
 (domain/runs.py `record_drafter`, which calls `upsert_drafter` here) with its lineage:
@@ -23,20 +23,25 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from domain.models import Artifact, Drafter, Job, Publication, utcnow
+from domain.artifacts import artifacts_of
+from domain.models import Drafter, Job, Publication, utcnow
 from domain.errors import FieldError, InvalidRequest, NotFound
+from domain.statuses import JobStatus
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
 
 MAX_CHAIN = 100
 SHAPE_FIELDS = {"variant": "drafter.variant", "num_layers": "drafter.num_layers", "block_size": "drafter.block_size"}
 
 
+def published_drafter(session: Session, org_id: str, drafter_id: str) -> Drafter | None:
+    """The organisation's drafter `drafter_id` if its job succeeded (a drafter is published only then), else None."""
+    return session.scalar(select(Drafter).join(Job, Job.id == Drafter.job_id).where(
+        Drafter.id == drafter_id, Drafter.org_id == org_id, Job.status == str(JobStatus.SUCCEEDED)))
+
+
 def get_drafter_for_org(session: Session, org_id: str, drafter_id: str, *, field: str | None = None) -> Drafter:
     """The drafter, if it belongs to `org_id` (and its job succeeded); otherwise 404, like a missing one."""
-    row = None
-    if DRAFTER_ID_RE.match(drafter_id):
-        row = session.scalar(select(Drafter).join(Job, Job.id == Drafter.job_id).where(
-            Drafter.id == drafter_id, Drafter.org_id == org_id, Job.status == "succeeded"))
+    row = published_drafter(session, org_id, drafter_id) if DRAFTER_ID_RE.match(drafter_id) else None
     if row is None:
         raise NotFound(f"no drafter {drafter_id!r} in your organisation" + (f" ({field})" if field else "")
                        + "; GET /v1/drafters lists yours")
@@ -100,7 +105,7 @@ def list_drafters(session: Session, org_id: str, *, limit: int, after: str | Non
                   target_fingerprint: str | None = None, target_uri: str | None = None,
                   job_id: str | None = None) -> tuple[list[Drafter], bool]:
     query = select(Drafter).join(Job, Job.id == Drafter.job_id).where(Drafter.org_id == org_id,
-                                                                       Job.status == "succeeded")
+                                                                       Job.status == str(JobStatus.SUCCEEDED))
     if target_fingerprint:
         query = query.where(Drafter.target_fingerprint == target_fingerprint)
     if target_uri:
@@ -144,7 +149,7 @@ def rollout_summary(session: Session, job: Job) -> dict[str, Any] | None:
         return None
     artifacts = [{"name": a.name, "kind": a.kind, "sha256": a.sha256, "size_bytes": a.size_bytes,
                   "download_path": f"/v1/jobs/{job.id}/artifacts/{a.name}"}
-                 for a in session.scalars(select(Artifact).where(Artifact.job_id == job.id).order_by(Artifact.name))]
+                 for a in artifacts_of(session, job.id)]
     metrics = row.metrics or {}
     return {
         "id": row.id, "parent": {"id": row.parent_id, "ref": row.parent_ref} if row.parent_ref else None,

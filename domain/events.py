@@ -108,7 +108,7 @@ def events_after(session: Session | Connection, job_id: str, after_seq: int, lim
 def job_events_page(
     db: Session | Connection, org_id: str, job_id: str, after_seq: int, limit: int
 ) -> tuple[Row[Any], list[Row[Any]]]:
-    """The job's state (`id`, `status`, `event_seq`, as `domain.jobs.job_state_for_org`) and `events_after(job,
+    """The job's state (`id`, `status`, `event_seq`, as `domain.job_reads.job_state_for_org`) and `events_after(job,
     after_seq, limit)`, in one round trip; the same 404 when the job is not the organisation's.
 
     The events are a derived table (index order, stops after `limit`) LEFT JOINed to the job's row, so a job

@@ -1,4 +1,5 @@
-"""Job admission and the user-facing job operations (create, list, get, cancel, resume).
+"""Job admission and the user-facing job operations (create, get, cancel, resume; the reads that build response
+bodies, lists included, are domain/job_reads.py).
 
 Admission order matters and is the same on both databases:
 1. lock the organisation row (an UPDATE: row lock on PostgreSQL, write lock on SQLite), so two
@@ -18,17 +19,18 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import Connection, Row, Select, Text, bindparam, cast, exists, func, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from domain.db import lock_briefly
 from domain.drafters import check_warm_start
 from domain.events import append_event
-from domain.models import Audit, Job, JobLabel, Organisation, PromptFile, StageRun, new_id, utcnow
+from domain.files import uploaded_prompt_count
+from domain.models import Audit, Job, JobLabel, Organisation, StageRun, new_id, utcnow
 from domain.errors import (
     FieldError,
     IdempotencyConflict,
@@ -43,6 +45,7 @@ from domain.queue import CeleryQueue, RecordingQueue
 from domain.redaction import redact_text
 from domain.secrets import check_referenced_secrets
 from domain.settings import Settings
+from domain.statuses import AUDIT_ACTIVE_STATUSES
 from domain.states import ACTIVE_STATUSES, STAGE_ORDER, JobStatus, Stage, transition
 from domain.storage_scope import StorageScopeError, check_spec_storage, refuse_link_loops, spec_storage_uris
 from domain.usage import check_quota
@@ -99,32 +102,14 @@ def load_stored_spec(stored: dict) -> JobSpec:
 
 @functools.lru_cache(maxsize=1024)
 def load_stored_spec_text(text: str) -> JobSpec:
-    """`load_stored_spec` of a spec read as its JSON text (`JOB_COLUMNS`' `spec_text`), remembered by that text.
+    """`load_stored_spec` of a spec read as its JSON text (domain/job_reads.py `JOB_COLUMNS`' `spec_text`),
+    remembered by that text.
 
     Keyed by the whole text, so it cannot answer for a changed spec: the same text always parses to the same dict,
     which validates to the same (frozen) JobSpec (the `/` root makes the file-root checks independent of the
-    filesystem). A job read then costs no JSON parse and no validation of its spec (issue 32: a page of 20 jobs
-    validated 20 specs per request)."""
+    filesystem). A job read then costs no JSON parse and no validation of its spec (otherwise a page of 20 jobs
+    validates 20 specs per request)."""
     return load_stored_spec(json.loads(text))
-
-
-# The columns a job's response reads (api/views.py `jobs_to_out`), as a plain row: the spec as its JSON text
-# (`spec_text`, parsed and validated once per distinct text by `load_stored_spec_text`), no ORM entity.
-JOB_COLUMNS = (
-    Job.id, Job.status, Job.stage, Job.name, cast(Job.spec, Text).label("spec_text"), Job.error_code,
-    Job.error_message, Job.error_stage, Job.cancel_requested_at, Job.resume_count, Job.run_attempts, Job.created_at,
-    Job.updated_at, Job.started_at, Job.finished_at,
-)
-
-
-def uploaded_prompt_count(session: Session, org_id: str, file_id: str) -> int:
-    """The prompts in one of the organisation's uploaded files; 422 naming data.source when it has no such file."""
-    count = session.scalar(select(PromptFile.prompt_count).where(PromptFile.id == file_id,
-                                                                 PromptFile.org_id == org_id))
-    if count is None:
-        message = f"no uploaded file {file_id!r} in your organisation; upload one with POST /v1/files"
-        raise InvalidRequest(message, errors=[FieldError(field="data.source", message=message)])
-    return int(count)
 
 
 def get_job_for_org(session: Session, org_id: str, job_id: str, *, lock: bool = False) -> Job:
@@ -136,32 +121,6 @@ def get_job_for_org(session: Session, org_id: str, job_id: str, *, lock: bool = 
     if job is None:
         raise NotFound(f"no job {job_id!r} in your organisation")
     return job
-
-
-# Read statements are built once, with bound parameters: building a SELECT costs 50-250 us of CPU per request
-# (SQLAlchemy caches the compiled SQL, not the statement object).
-_JOB_ROW = select(*JOB_COLUMNS).where(Job.id == bindparam("job_id"), Job.org_id == bindparam("org_id"))
-_JOB_STATE = select(Job.id, Job.status, Job.event_seq).where(Job.id == bindparam("job_id"),
-                                                             Job.org_id == bindparam("org_id"))
-
-
-def job_row_for_org(db: Session | Connection, org_id: str, job_id: str) -> Row[Any]:
-    """The job as a row of `JOB_COLUMNS`, if it belongs to `org_id`; otherwise the same 404 as `get_job_for_org`.
-    For reading a job's response body (a Connection skips the ORM's per-statement work)."""
-    row = db.execute(_JOB_ROW, {"job_id": job_id, "org_id": org_id}).first()
-    if row is None:
-        raise NotFound(f"no job {job_id!r} in your organisation")
-    return row
-
-
-def job_state_for_org(session: Session | Connection, org_id: str, job_id: str) -> Row[tuple[str, str, int]]:
-    """The job's `id`, `status` and `event_seq` (a row), if it belongs to `org_id`; otherwise the same 404 as
-    `get_job_for_org`. For reads that need no more of the job (its events, its metrics): the full row carries
-    the spec, and loading it as an entity costs more than the rest of such a request."""
-    row = session.execute(_JOB_STATE, {"job_id": job_id, "org_id": org_id}).first()
-    if row is None:
-        raise NotFound(f"no job {job_id!r} in your organisation")
-    return row
 
 
 def next_stage(session: Session, job_id: str) -> Stage | None:
@@ -193,9 +152,6 @@ def lock_organisation(session: Session, org_id: str) -> Organisation:
     return org
 
 
-AUDIT_ACTIVE_STATUSES = ("queued", "running", "cancelling")
-"""An audit in one of these holds a slot of the organisation's active-work limit (domain/audits.py)."""
-
 
 @dataclass
 class ActiveWork:
@@ -209,7 +165,7 @@ class ActiveWork:
 
 def lock_org_and_count_active(session: Session, org_id: str) -> tuple[Organisation, ActiveWork]:
     """Serialise admissions (jobs, resumes and audits) for one organisation until commit, and count its active work.
-    Audits count too: each is a GPU task, and without a limit a burst of them filled the queue (issue 32)."""
+    Audits count too: each is a GPU task, and without a limit a burst of them filled the queue."""
     org = lock_organisation(session, org_id)
     jobs = session.scalar(
         select(func.count()).select_from(Job).where(Job.org_id == org_id, Job.status.in_(list(ACTIVE_STATUSES)))
@@ -421,29 +377,3 @@ def _requeue(session: Session, queue: RecordingQueue | CeleryQueue, job: Job) ->
     session.commit()
     _enqueue_or_fail(session, queue, job, resume_at)
     return job
-
-
-def list_jobs(
-    db: Session | Connection, org_id: str, *, statuses: list[str], labels: list[tuple[str, str]], limit: int,
-    after: str | None,
-) -> tuple[list[Row[Any]], bool]:
-    """A page of the organisation's jobs, newest first, as rows of `JOB_COLUMNS`; and whether more follow."""
-    params: dict[str, Any] = {"org_id": org_id, "limit": limit + 1, "statuses": statuses, "after": after}
-    for index, (key, value) in enumerate(labels):
-        params[f"label_key_{index}"], params[f"label_value_{index}"] = key, value
-    rows = db.execute(_job_page_query(bool(statuses), len(labels), after is not None), params).all()
-    return rows[:limit], len(rows) > limit
-
-
-@functools.lru_cache(maxsize=128)
-def _job_page_query(statuses: bool, labels: int, after: bool) -> Select[Any]:
-    """`list_jobs`' statement for one shape of filters (built once per shape; the values are bound parameters)."""
-    query = select(*JOB_COLUMNS).where(Job.org_id == bindparam("org_id"))
-    if statuses:
-        query = query.where(Job.status.in_(bindparam("statuses", expanding=True)))
-    for index in range(labels):
-        query = query.where(exists().where(JobLabel.job_id == Job.id, JobLabel.key == bindparam(f"label_key_{index}"),
-                                           JobLabel.value == bindparam(f"label_value_{index}")))
-    if after:
-        query = query.where(Job.id < bindparam("after"))  # ids are time-ordered: newest first, cursor = last id seen
-    return query.order_by(Job.id.desc()).limit(bindparam("limit"))

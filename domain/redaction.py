@@ -28,7 +28,7 @@ _SECRET_TEXT_RES = (
     re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{8,}"),
     re.compile(r"(?i)(?<=://)[^/\s:@]*:[^/\s@]+(?=@)"),  # scheme://user:password@host
     # A dashboard download link is a bearer credential for its artifact until it expires (the access log
-    # writes request paths; issue 20).
+    # writes request paths, so the log must not keep it).
     re.compile(r"(?<=/dashboard/downloads/)[^\s/?#\"']+"),
 )
 _QUERY_PAIR_RE = re.compile(r"(?P<key>[^?&=\s\"']+)=(?P<value>[^&\s\"']*)")

@@ -58,7 +58,7 @@ def put_secret(session: Session, settings: Settings, org_id: str, name: str, val
     check_s3_secret_value(settings, value)
     ciphertext = _fernet(settings).encrypt(value.encode()).decode()
     # One statement, decided by the database: concurrent PUTs of one name each store or replace it (the last
-    # wins), instead of two inserts racing into the primary key (issue 20: 20 concurrent PUTs gave two 500s).
+    # wins), instead of two inserts racing into the primary key (20 concurrent PUTs of one name gave two 500s).
     now = utcnow()
     table = OrgSecret.__table__
     insert = postgresql_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
@@ -74,7 +74,8 @@ def put_secret(session: Session, settings: Settings, org_id: str, name: str, val
 def check_s3_secret_value(settings: Settings, value: str) -> None:
     """A value that is a JSON object is S3 credentials (a Hub token never is): refused now (422 naming
     `value.<field>` and the fix) when the worker would refuse it before every use (domain/storage_scope.py
-    `s3_secret_problems`: above all an endpoint that reaches Draftsmith's own storage, issue 32)."""
+    `s3_secret_problems`: above all an endpoint that reaches Draftsmith's own storage, which would let an
+    organisation's credentials read or write other organisations' files)."""
     try:
         given = json.loads(value)
     except ValueError:

@@ -15,29 +15,14 @@ same database transaction, so observers never see a state without its event.
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from sqlalchemy.orm import Session
 
 from domain.events import append_event
 from domain.models import Job, utcnow
 from domain.errors import InvalidTransition
+from domain.statuses import JobStatus  # the one list of job statuses (re-exported here)
 from domain.webhooks import enqueue_job_webhooks
 from schemas.stages import STAGE_ORDER, Stage  # the one list of stage names (re-exported here)
-
-
-class JobStatus(StrEnum):
-    QUEUED = "queued"
-    PREPARING = "preparing"
-    GENERATING = "generating"
-    TRAINING = "training"
-    VALIDATING = "validating"
-    EXPORTING = "exporting"
-    PUBLISHING = "publishing"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLING = "cancelling"
-    CANCELLED = "cancelled"
 
 
 STATUS_OF_STAGE: dict[Stage, JobStatus] = {

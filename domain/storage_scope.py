@@ -1,4 +1,4 @@
-"""Which storage a URI in a spec may reach, and with whose credentials (issue 20).
+"""Which storage a URI in a spec may reach, and with whose credentials.
 
 The deployment's own storage (`storage_url`: an S3 bucket and prefix, or a local directory) holds every
 organisation's uploads, work files and artifacts, and the service reads and writes it with its own credentials.

@@ -21,9 +21,10 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from domain.models import Organisation, UsageRecord, utcnow
+from domain.models import Job, Organisation, UsageRecord, utcnow
 from domain.errors import QuotaExceeded
 from domain.settings import Settings
+from domain.states import ACTIVE_STATUSES
 
 COUNTERS = ("compute_seconds", "tokens_generated", "tokens_trained")
 
@@ -107,3 +108,9 @@ def append_usage(session: Session, org_id: str, *, job_id: str | None = None, au
                       tokens_trained=int(tokens_trained))
     session.add(row)
     return row
+
+
+def active_job_count(session: Session, org_id: str) -> int:
+    """The organisation's jobs that hold a concurrency slot (not yet terminal), beside its limit on /v1/usage."""
+    return session.scalar(select(func.count()).select_from(Job).where(
+        Job.org_id == org_id, Job.status.in_([str(s) for s in ACTIVE_STATUSES]))) or 0

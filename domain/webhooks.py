@@ -1,56 +1,32 @@
-"""Outgoing webhooks, signed as Standard Webhooks (https://www.standardwebhooks.com).
+"""Outgoing webhooks: the rule that queues them, the endpoints and their delivery log.
 
-Delivery is an outbox: a job transition inserts `webhook_deliveries` rows in the same transaction
-as the state change, and `dispatch_due_webhooks` sends them later, so a crash between "state
-changed" and "HTTP sent" loses nothing. Each POST carries
-
-    webhook-id:        msg_...   (the delivery id: identical on every retry, for receiver dedup)
-    webhook-timestamp: unix seconds of this attempt
-    webhook-signature: v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>
-
-where `key` is the base64-decoded part of the endpoint's `whsec_...` secret. Failed attempts are
-retried with exponential backoff (base × 2^(n-1), capped) up to `webhook_max_attempts`; every
-attempt is a `webhook_attempts` row. The API process runs the dispatcher on a timer (see
-api/main.py); the worker may call `dispatch_due_webhooks` as well: claims make that safe.
+Delivery is an outbox: a job transition (domain/states.py `transition`) inserts `webhook_deliveries` rows through
+`enqueue_job_webhooks` in the same transaction as the state change, and domain/deliveries.py sends them later, so a
+crash between "state changed" and "HTTP sent" loses nothing. This module holds no HTTP client: everything that
+changes a job's state imports it (the worker's every stage), and only the dispatcher needs one.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
-import logging
 import secrets
-import time
-from datetime import datetime, timedelta
+from collections import defaultdict
 from typing import Any
 
-import httpx
-from sqlalchemy import or_, select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from domain.drafters import rollout_summary
 from domain.models import Job, JobLabel, Webhook, WebhookAttempt, WebhookDelivery, utcnow
-from domain.egress import EgressPolicy, EgressRefused, outbound_client, send_pinned
-from domain.redaction import redact_url
-from domain.settings import Settings
+from domain.statuses import JobStatus
 
 WEBHOOK_EVENT_TYPES = ("job.started", "job.stage_changed", "job.succeeded", "job.failed", "job.cancelled")
 SECRET_PREFIX = "whsec_"
-CLAIM_SECONDS = 60  # a claimed delivery is retried by someone else if its sender vanished this long
-log = logging.getLogger("draftsmith.webhooks")
 
 
 def new_webhook_secret() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
-
-
-def sign_payload(secret: str, msg_id: str, timestamp: int, body: str) -> str:
-    """The `webhook-signature` header value for one attempt."""
-    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
-    mac = hmac.new(key, f"{msg_id}.{timestamp}.{body}".encode(), hashlib.sha256).digest()
-    return "v1," + base64.b64encode(mac).decode()
 
 
 def job_summary(session: Session, job: Job) -> dict[str, Any]:
@@ -73,7 +49,7 @@ def job_summary(session: Session, job: Job) -> dict[str, Any]:
         "created_at": job.created_at.isoformat(),
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
     }
-    if job.status == "succeeded":
+    if job.status == JobStatus.SUCCEEDED:
         # What a deployment system rolls out: drafter id and parent, target, lossless verdict, tau, serving
         # settings, artifacts with sha256, publications (domain/drafters.py).
         summary["drafter"] = rollout_summary(session, job)
@@ -106,115 +82,38 @@ def enqueue_job_webhooks(session: Session, job: Job, event_type: str, *, extra: 
     return len(hooks)
 
 
-def backoff_seconds(attempt: int, settings: Settings) -> float:
-    """Delay before attempt `attempt + 1`, after `attempt` failures."""
-    return min(settings.webhook_backoff_base_seconds * 2 ** (attempt - 1), settings.webhook_backoff_max_seconds)
 
 
-def _claim_due(factory: sessionmaker[Session], now: datetime, limit: int) -> list[str]:
-    claimed: list[str] = []
-    with factory() as session:
-        due = session.scalars(
-            select(WebhookDelivery.id)
-            .where(
-                WebhookDelivery.status == "pending",
-                WebhookDelivery.next_attempt_at <= now,
-                or_(WebhookDelivery.locked_until.is_(None), WebhookDelivery.locked_until < now),
-            )
-            .order_by(WebhookDelivery.next_attempt_at)
-            .limit(limit)
-        ).all()
-        for delivery_id in due:
-            # Conditional UPDATE: only one dispatcher's claim matches, the others see rowcount 0.
-            result = session.execute(
-                update(WebhookDelivery)
-                .where(
-                    WebhookDelivery.id == delivery_id,
-                    WebhookDelivery.status == "pending",
-                    or_(WebhookDelivery.locked_until.is_(None), WebhookDelivery.locked_until < now),
-                )
-                .values(locked_until=now + timedelta(seconds=CLAIM_SECONDS))
-                .execution_options(synchronize_session=False)
-            )
-            if result.rowcount == 1:
-                claimed.append(delivery_id)
-        session.commit()
-    return claimed
+def webhook_for_org(session: Session, org_id: str, webhook_id: str) -> Webhook | None:
+    return session.scalar(select(Webhook).where(Webhook.id == webhook_id, Webhook.org_id == org_id))
 
 
-def _send(client: httpx.Client, url: str, secret: str, delivery: WebhookDelivery,
-          settings: Settings) -> tuple[int | None, str | None, int]:
-    timestamp = int(time.time())
-    headers = {
-        "content-type": "application/json",
-        "user-agent": "Draftsmith-Webhooks/1",
-        "webhook-id": delivery.id,
-        "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign_payload(secret, delivery.id, timestamp, delivery.payload),
-    }
-    started = time.perf_counter()
-    try:
-        # Resolved and checked at every attempt (DNS may have changed since registration), then sent to
-        # the very address that was checked.
-        target = EgressPolicy.from_settings(settings).check_url(url)
-        response = send_pinned(client, target, content=delivery.payload.encode(), headers=headers)
-        status, error = response.status_code, None
-    except EgressRefused as exc:
-        status, error = None, f"refused: {exc}"[:500]
-    except httpx.HTTPError as exc:
-        status, error = None, f"{type(exc).__name__}: {exc}"[:500]
-    return status, error, int((time.perf_counter() - started) * 1000)
+def count_webhooks(session: Session, org_id: str) -> int:
+    return session.scalar(select(func.count()).select_from(Webhook).where(Webhook.org_id == org_id)) or 0
 
 
-def dispatch_due_webhooks(
-    factory: sessionmaker[Session],
-    settings: Settings,
-    *,
-    now: datetime | None = None,
-    client: httpx.Client | None = None,
-    limit: int = 50,
-) -> int:
-    """Send every due delivery once; return how many attempts were made. `now` is injectable for tests."""
-    now = now or utcnow()
-    claimed = _claim_due(factory, now, limit)
-    if not claimed:
-        return 0
-    own_client = client is None
-    http = client or outbound_client(settings.webhook_timeout_seconds)
-    try:
-        for delivery_id in claimed:
-            with factory() as session:
-                delivery = session.get(WebhookDelivery, delivery_id)
-                hook = session.get(Webhook, delivery.webhook_id) if delivery else None
-                if delivery is None or hook is None:
-                    continue
-                url, secret = hook.url, hook.secret
-            status, error, duration_ms = _send(http, url, secret, delivery, settings)
-            succeeded = status is not None and 200 <= status < 300
-            with factory() as session:
-                delivery = session.get(WebhookDelivery, delivery_id)
-                if delivery is None:  # endpoint deleted while we were sending
-                    continue
-                delivery.attempt_count += 1
-                session.add(
-                    WebhookAttempt(
-                        delivery_id=delivery.id, attempt=delivery.attempt_count, attempted_at=now,
-                        status_code=status, error=error or (None if succeeded else f"HTTP {status}"),
-                        duration_ms=duration_ms, succeeded=succeeded,
-                    )
-                )
-                delivery.locked_until = None
-                if succeeded:
-                    delivery.status, delivery.next_attempt_at = "succeeded", None
-                elif delivery.attempt_count >= settings.webhook_max_attempts:
-                    delivery.status, delivery.next_attempt_at = "failed", None
-                    log.warning("webhook %s to %s failed after %d attempts", delivery.id, redact_url(url),
-                                delivery.attempt_count)
-                else:
-                    delay = backoff_seconds(delivery.attempt_count, settings)
-                    delivery.next_attempt_at = now + timedelta(seconds=delay)
-                session.commit()
-    finally:
-        if own_client:
-            http.close()
-    return len(claimed)
+def webhooks_of(session: Session, org_id: str) -> list[Webhook]:
+    return list(session.scalars(select(Webhook).where(Webhook.org_id == org_id).order_by(Webhook.id)))
+
+
+def recent_deliveries(session: Session, webhook_id: str, limit: int = 100
+                      ) -> list[tuple[WebhookDelivery, list[WebhookAttempt]]]:
+    """An endpoint's latest deliveries, newest first, each with its attempts in order (two queries)."""
+    deliveries = list(session.scalars(
+        select(WebhookDelivery).where(WebhookDelivery.webhook_id == webhook_id)
+        .order_by(WebhookDelivery.id.desc()).limit(limit)
+    ))
+    attempts: dict[str, list[WebhookAttempt]] = defaultdict(list)
+    if deliveries:
+        for attempt in session.scalars(
+            select(WebhookAttempt).where(WebhookAttempt.delivery_id.in_([d.id for d in deliveries]))
+            .order_by(WebhookAttempt.attempt)
+        ):
+            attempts[attempt.delivery_id].append(attempt)
+    return [(delivery, attempts[delivery.id]) for delivery in deliveries]
+
+
+def deliveries_by_status(session: Session) -> dict[str, int]:
+    """How many deliveries are in each status, all organisations (the API's Prometheus gauge)."""
+    return dict(session.execute(  # type: ignore[arg-type]
+        select(WebhookDelivery.status, func.count()).group_by(WebhookDelivery.status)).all())

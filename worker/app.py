@@ -1,5 +1,6 @@
-"""The Celery app and its tasks, `draftsmith.run_job(job_id)` and `draftsmith.run_audit(audit_id)` (the names the
-API sends).
+"""The Celery app and its three tasks: `draftsmith.run_job(job_id)` and `draftsmith.run_audit(audit_id)` (the names
+the API sends), and `draftsmith.generate_shards(job_id)` (sent by the worker leading a job's generate stage to its
+helpers, worker/shards.py).
 
     celery -A worker.app worker -Q draftsmith.gpu,draftsmith.cpu      # what `draftsmith worker` runs
 
@@ -44,7 +45,7 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     # Prefetch 1 with acks_late is not enough on Redis: after a broker reconnect the running task's message no
     # longer counts against the new channel's window, and a busy worker reserved the next job for the length of
-    # its own (issue 32: jobs waited 20 minutes while an idle worker ran a later one). With this, a worker fetches
+    # its own (jobs waited 20 minutes while an idle worker ran a later one). With this, a worker fetches
     # only while it has fewer reserved tasks than processes (celery/worker/consumer/tasks.py). Redis only: Celery
     # ignores it, with a warning, on another transport (the embedded file broker has one worker).
     worker_disable_prefetch=_settings.broker_url.partition("://")[0] in REDIS_SCHEMES,
@@ -113,7 +114,7 @@ class Reaper(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        from domain import runs as runner
+        from domain import runs
         from domain.db import SessionTimeouts, create_db_engine, create_session_factory
 
         settings = _settings
@@ -124,8 +125,8 @@ class Reaper(threading.Thread):
         while not self.stopped.wait(interval):
             try:
                 with factory() as session:
-                    for job_id, stage in runner.take_over_stale_jobs(session, settings.worker_stale_after_seconds):
-                        runner.record_event(session, job_id, f"the worker running {stage} went quiet; the job is "
+                    for job_id, stage in runs.take_over_stale_jobs(session, settings.worker_stale_after_seconds):
+                        runs.record_event(session, job_id, f"the worker running {stage} went quiet; the job is "
                                             "queued again and resumes from its last checkpoint", level="warning")
                         send_run_job(job_id, stage)
                     from domain.audits import take_over_stale_audits

@@ -21,8 +21,6 @@ import logging
 import threading
 import time
 
-from sqlalchemy import select
-
 from domain.audits import (
     acknowledge_audit_cancellation,
     audit_heartbeat,
@@ -31,7 +29,7 @@ from domain.audits import (
     finish_audit,
     record_audit_usage,
 )
-from domain.models import PromptFile
+from domain.files import uploaded_prompts_key
 from schemas.audit import AuditSpec
 from trainer.errors import DraftsmithError, StageInterrupted
 from worker.context import WorkerContext
@@ -90,11 +88,8 @@ def run_audit(ctx: WorkerContext, audit_id: str) -> str:
             trust_remote_code=spec.target.trust_remote_code)
         drafter = resolve_drafter(spec.drafter, ctx, org_id)
         assert spec.data is not None
-        uploaded_key = None
-        if spec.data.source.startswith("file-"):
-            with ctx.session_factory() as session:
-                uploaded_key = session.scalar(select(PromptFile.storage_key).where(
-                    PromptFile.id == spec.data.source, PromptFile.org_id == org_id))
+        with ctx.session_factory() as session:
+            uploaded_key = uploaded_prompts_key(session, org_id, spec.data.source)
         prompts = resolve_prompts(spec.data.source, ctx.settings, ctx.cache, caller=caller, count=spec.data.count,
                                   uploaded_key=uploaded_key, storage=ctx.storage)
         heartbeat.check()  # cancelled while the inputs were fetched: load no model

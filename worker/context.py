@@ -10,9 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from sqlalchemy.orm import Session, sessionmaker
-
-from domain.db import SessionTimeouts, create_db_engine, create_session_factory
+from domain.db import Session, SessionTimeouts, create_db_engine, create_session_factory, sessionmaker
 from domain.settings import Settings, load_settings
 from domain.storage import LocalStorage, S3Storage, storage_from_settings
 

@@ -1,4 +1,4 @@
-"""Drafters as inputs and outputs of the service (issue 12).
+"""Drafters as inputs and outputs of the service.
 
 Input: `resolve_drafter` turns a drafter reference (a warm start's `init.from_drafter`, an audit's `drafter`) into
 a local directory, like worker/sources.py does for targets:
@@ -22,10 +22,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from sqlalchemy import select
-
-from domain.artifacts import artifact_named
-from domain.models import Artifact, Drafter, Job
+from domain.artifacts import artifact_named, artifacts_of
+from domain.drafters import published_drafter
+from domain.models import Job
 from domain.settings import Settings
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
 from schemas.validation_report import ValidationReport
@@ -76,12 +75,10 @@ def _drafter_dir(path: Path, reference: str) -> str:
 
 def _published(drafter_id: str, ctx, org_id: str, local: Path) -> Resolved:
     with ctx.session_factory() as session:
-        row = session.scalar(select(Drafter).join(Job, Job.id == Drafter.job_id).where(
-            Drafter.id == drafter_id, Drafter.org_id == org_id, Job.status == "succeeded"))
+        row = published_drafter(session, org_id, drafter_id)
         if row is None:
             raise DrafterNotFound(f"no drafter {drafter_id!r} in the organisation")
-        artifacts = {a.name: (a.storage_key, a.sha256) for a in session.scalars(
-            select(Artifact).where(Artifact.job_id == row.job_id))}
+        artifacts = {a.name: (a.storage_key, a.sha256) for a in artifacts_of(session, row.job_id)}
         manifest_sha = row.manifest_sha256
     wanted = {name: entry for name, entry in artifacts.items()
               if name.startswith("drafter/") or name == "report.json"}

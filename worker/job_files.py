@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sqlalchemy import select
-
-from domain.models import Job, PromptFile
+from domain.files import uploaded_prompts_key
+from domain.models import Job
 from domain.settings import Settings
 from schemas.job_spec import JobSpec
 from trainer.job_config import run_config_from_spec
@@ -73,11 +72,8 @@ def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, 
     base = None if base_uri is None else resolve_target(
         base_uri, ctx.settings, cache, caller=caller, allow_pickle=spec.target.allow_pickle,
         trust_remote_code=spec.target.trust_remote_code, should_stop=should_stop)
-    uploaded_key = None
-    if source.startswith("file-"):
-        with ctx.session_factory() as session:
-            uploaded_key = session.scalar(select(PromptFile.storage_key).where(
-                PromptFile.id == source, PromptFile.org_id == job.org_id))
+    with ctx.session_factory() as session:
+        uploaded_key = uploaded_prompts_key(session, job.org_id, source)
     prompts = resolve_prompts(source, ctx.settings, cache, caller=caller, count=spec.data.count,
                               uploaded_key=uploaded_key, storage=ctx.storage, should_stop=should_stop)
     parent = None

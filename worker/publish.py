@@ -24,9 +24,8 @@ import json
 import shutil
 from pathlib import Path
 
-from sqlalchemy import select
-
-from domain.models import Artifact, Job
+from domain.artifacts import artifacts_of
+from domain.models import Job
 from schemas.job_spec import HuggingFaceDestination, JobSpec, S3Destination
 from trainer.errors import DraftsmithError
 from worker.context import WorkerContext
@@ -81,7 +80,7 @@ def _artifacts_here(ctx: WorkerContext, job_id: str, reporter: StageReporter) ->
     """The job's registered artifacts in a local folder (a CPU worker may not be the one that exported)."""
     folder = ctx.job_dir(job_id) / "publish"
     shutil.rmtree(folder, ignore_errors=True)
-    rows = reporter.session.scalars(select(Artifact).where(Artifact.job_id == job_id)).all()
+    rows = artifacts_of(reporter.session, job_id)
     if not any(row.name == "manifest.json" for row in rows):
         raise PublishError("the job has no exported manifest.json to publish; run the export stage first")
     for row in rows:

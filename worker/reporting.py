@@ -20,9 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy.orm import Session
-
-from domain import runs as runner
+from domain import runs
+from domain.db import Session
 from schemas.stages import Stage
 from trainer.pipeline import step_metrics
 from worker.context import WorkerContext
@@ -51,22 +50,22 @@ class JobRecords:
         self.ctx, self.job_id, self.stage, self.session = ctx, job_id, stage, session
 
     def event(self, message: str, *, level: str = "info", data: dict | None = None) -> None:
-        runner.record_event(self.session, self.job_id, message, stage=self.stage, level=level, data=data)
+        runs.record_event(self.session, self.job_id, message, stage=self.stage, level=level, data=data)
 
     def cancellation_requested(self, session: Session) -> bool:
         """Asked on the heartbeat thread, in its own session."""
-        return runner.cancellation_requested(session, self.job_id)
+        return runs.cancellation_requested(session, self.job_id)
 
     def store_artifact(self, name: str, path: Path, *, kind: str, content_type: str) -> None:
-        runner.store_artifact(self.session, self.ctx.storage, self.job_id, name, path, kind=kind,
+        runs.store_artifact(self.session, self.ctx.storage, self.job_id, name, path, kind=kind,
                               content_type=content_type, stage=self.stage)
 
     def record_publication(self, *, kind: str, location: str, revision: str | None, url: str | None) -> None:
-        runner.record_publication(self.session, self.job_id, kind=kind, location=location, revision=revision,
+        runs.record_publication(self.session, self.job_id, kind=kind, location=location, revision=revision,
                                   url=url)
 
     def record_drafter(self, **lineage) -> str:
-        return runner.record_drafter(self.session, self.job_id, **lineage)
+        return runs.record_drafter(self.session, self.job_id, **lineage)
 
 
 def record_usage_in_own_session(ctx: WorkerContext, job_id: str, stage: Stage, *, compute_seconds: float,
@@ -74,7 +73,7 @@ def record_usage_in_own_session(ctx: WorkerContext, job_id: str, stage: Stage, *
     """A stage attempt's usage (worker/usage.py) through domain/runs.py `record_usage`, in a session of its own:
     it is written however the attempt ended, whatever state the attempt's session is in."""
     with ctx.session_factory() as session:
-        runner.record_usage(session, job_id, stage, compute_seconds=compute_seconds,
+        runs.record_usage(session, job_id, stage, compute_seconds=compute_seconds,
                             tokens_generated=tokens_generated, tokens_trained=tokens_trained)
 
 
@@ -127,7 +126,7 @@ class StageReporter(Beating, JobRecords):
         if percent == self._last_percent or (now - self._last_progress_at < FLUSH_SECONDS and 0 < percent < 100):
             return
         self._last_percent, self._last_progress_at = percent, now
-        runner.record_event(self.session, self.job_id, f"{stage}: {detail}", stage=self.stage, progress=percent)
+        runs.record_event(self.session, self.job_id, f"{stage}: {detail}", stage=self.stage, progress=percent)
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         self._pending_metrics.append((step, values))
@@ -139,10 +138,10 @@ class StageReporter(Beating, JobRecords):
         before a resumed run replays the steps after it."""
         records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()] \
             if metrics_file.is_file() else []
-        runner.discard_metrics(self.session, self.job_id, self.stage, 0)
+        runs.discard_metrics(self.session, self.job_id, self.stage, 0)
         for record in records:
             if record["step"] <= up_to_step:
-                runner.record_metrics(self.session, self.job_id, record["step"], step_metrics(record), stage=self.stage)
+                runs.record_metrics(self.session, self.job_id, record["step"], step_metrics(record), stage=self.stage)
 
     def should_stop(self) -> bool:
         return self.stop_reason is not None
@@ -150,10 +149,10 @@ class StageReporter(Beating, JobRecords):
     def flush(self) -> None:
         pending, self._pending_metrics = self._pending_metrics, []
         if pending and not self._replaced_older:  # a resumed stage replays steps an earlier attempt recorded
-            runner.discard_metrics(self.session, self.job_id, self.stage, pending[0][0])
+            runs.discard_metrics(self.session, self.job_id, self.stage, pending[0][0])
             self._replaced_older = True
         for step, values in pending:
-            runner.record_metrics(self.session, self.job_id, step, values, stage=self.stage)
+            runs.record_metrics(self.session, self.job_id, step, values, stage=self.stage)
         self._last_flush = time.monotonic()
 
     # --- the heartbeat thread -------------------------------------------------------------------------
@@ -161,7 +160,7 @@ class StageReporter(Beating, JobRecords):
     def beat(self, session: Session) -> None:
         if draining(self.ctx):
             self.stop_reason = self.stop_reason or DRAINING
-        if not runner.heartbeat(session, self.job_id, self.stage, self.ctx.worker_id):
+        if not runs.heartbeat(session, self.job_id, self.stage, self.ctx.worker_id):
             self.stop_reason = self.stop_reason or "the attempt was taken over or ended elsewhere"
         elif self.cancellation_requested(session):
             self.stop_reason = "cancellation requested"

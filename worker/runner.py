@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from enum import StrEnum
 
-from domain import runs as runner
+from domain import runs
 from domain.models import Job
 from domain.errors import InvalidTransition
 from domain.queue import queue_for
@@ -59,32 +59,32 @@ def run_job(ctx: WorkerContext, job_id: str, send: Send, *, send_helpers: SendHe
         if job is None or JobStatus(job.status) in TERMINAL_STATUSES:
             log.info("job %s: nothing to do (%s)", job_id, job.status if job else "no such job")
             return Outcome.NOTHING_TO_DO
-        if runner.cancellation_requested(session, job_id):
-            runner.acknowledge_cancellation(session, job_id)
+        if runs.cancellation_requested(session, job_id):
+            runs.acknowledge_cancellation(session, job_id)
             return Outcome.CANCELLED
-        runner.begin_run(session, job_id)
+        runs.begin_run(session, job_id)
     while True:
         with ctx.session_factory() as session:
-            if runner.cancellation_requested(session, job_id):
-                runner.acknowledge_cancellation(session, job_id)
+            if runs.cancellation_requested(session, job_id):
+                runs.acknowledge_cancellation(session, job_id)
                 return Outcome.CANCELLED
-            stage = runner.next_stage(session, job_id)
+            stage = runs.next_stage(session, job_id)
             if stage is None:
                 return Outcome.SUCCEEDED
             queue = queue_for(ctx.settings, stage)
             if queue not in ctx.queues:
                 send(job_id, stage)
-                runner.record_event(session, job_id, f"handed to queue {queue} for stage {stage}", stage=stage)
+                runs.record_event(session, job_id, f"handed to queue {queue} for stage {stage}", stage=stage)
                 return Outcome.HANDED_OVER
             try:
-                runner.claim_stage(session, job_id, stage, worker_id=ctx.worker_id,
+                runs.claim_stage(session, job_id, stage, worker_id=ctx.worker_id,
                                    stale_after_seconds=ctx.settings.worker_stale_after_seconds)
-            except runner.StageBusy:
+            except runs.StageBusy:
                 return Outcome.BUSY
-            except runner.CancellationPending:
-                runner.acknowledge_cancellation(session, job_id)
+            except runs.CancellationPending:
+                runs.acknowledge_cancellation(session, job_id)
                 return Outcome.CANCELLED
-            except (InvalidTransition, runner.StageConflict) as exc:  # cancelled while queued, or raced
+            except (InvalidTransition, runs.StageConflict) as exc:  # cancelled while queued, or raced
                 log.info("job %s: not running %s: %s", job_id, stage, exc)
                 return Outcome.NOTHING_TO_DO
             job = session.get(Job, job_id, populate_existing=True)
@@ -102,11 +102,11 @@ def _run_claimed(ctx: WorkerContext, job: Job, stage: Stage, send: Send, send_he
             execute_stage(ctx, job, stage, reporter, send_helpers)
     except StageInterrupted:
         with ctx.session_factory() as session:
-            if runner.cancellation_requested(session, job.id):
-                runner.acknowledge_cancellation(session, job.id)
+            if runs.cancellation_requested(session, job.id):
+                runs.acknowledge_cancellation(session, job.id)
                 return Outcome.CANCELLED
             if reporter.stop_reason == DRAINING:  # checkpointed: another worker continues from it now
-                runner.release_stage(session, job.id, stage, ctx.worker_id, "its worker is shutting down")
+                runs.release_stage(session, job.id, stage, ctx.worker_id, "its worker is shutting down")
                 send(job.id, stage)
                 return Outcome.HANDED_OVER
         return Outcome.BUSY  # the attempt was taken over by another worker after this one stalled
@@ -119,7 +119,7 @@ def _run_claimed(ctx: WorkerContext, job: Job, stage: Stage, send: Send, send_he
                          f"gave up after repeated infrastructure errors; last: {reason}")
         try:
             with ctx.session_factory() as session:
-                runner.release_stage(session, job.id, stage, ctx.worker_id, f"will retry after {reason}")
+                runs.release_stage(session, job.id, stage, ctx.worker_id, f"will retry after {reason}")
         except infrastructure_errors():
             log.warning("job %s: could not release %s before retrying", job.id, stage, exc_info=True)
         raise
@@ -134,8 +134,8 @@ def _run_claimed(ctx: WorkerContext, job: Job, stage: Stage, send: Send, send_he
         return _fail(ctx, job.id, stage, code, f"{type(error).__name__}: {error}"[:2000])
     with ctx.session_factory() as session:
         try:
-            status = runner.finish_stage(session, job.id, stage)
-        except runner.StageConflict:
+            status = runs.finish_stage(session, job.id, stage)
+        except runs.StageConflict:
             return Outcome.BUSY  # finished here, but the attempt had been taken over meanwhile
     if status is JobStatus.CANCELLED:
         return Outcome.CANCELLED
@@ -144,5 +144,5 @@ def _run_claimed(ctx: WorkerContext, job: Job, stage: Stage, send: Send, send_he
 
 def _fail(ctx: WorkerContext, job_id: str, stage: Stage, code: str, message: str) -> Outcome:
     with ctx.session_factory() as session:
-        status = runner.fail_job(session, job_id, code=code, message=message, stage=stage)
+        status = runs.fail_job(session, job_id, code=code, message=message, stage=stage)
     return Outcome.CANCELLED if status is JobStatus.CANCELLED else Outcome.FAILED

@@ -7,8 +7,8 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from sqlalchemy.orm import Session
 
+from domain.db import Session
 from domain.audits import (
     cancel_audit,
     create_audit,

@@ -1,5 +1,5 @@
 """/v1/drafters: an organisation's published drafters, with their lineage and metrics, and each one's chain of
-parents (issue 12)."""
+parents (domain/drafters.py)."""
 
 from __future__ import annotations
 

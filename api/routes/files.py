@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
-import re
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, UploadFile
-from sqlalchemy import select
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
-from domain.models import PromptFile, new_id, utcnow
-from domain.errors import FieldError, InvalidRequest, NotFound
+from domain.errors import FieldError, InvalidRequest
+from domain.files import prompt_file_for_org, prompt_files_of, store_prompt_file
+from domain.models import PromptFile
 from api.problems import PayloadTooLarge, problem_responses
 from api.schemas import FileList, FileOut
 from schemas.prompts import validate_prompt_bytes
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
-_UNSAFE_FILENAME_CHARS = re.compile(r"[^A-Za-z0-9._ -]")
-
-
-def _safe_filename(raw: str | None) -> str:
-    # Only for display: keep the last path component, replace anything unusual.
-    name = (raw or "prompts.jsonl").replace("\\", "/").rsplit("/", 1)[-1]
-    return _UNSAFE_FILENAME_CHARS.sub("_", name).strip()[:255] or "prompts.jsonl"
 
 
 def _file_out(row: PromptFile) -> FileOut:
@@ -63,35 +54,17 @@ def upload(
         more = " (more errors not shown)" if report.truncated else ""
         first = report.errors[0]
         raise InvalidRequest(f"line {first.line}: {first.message}{more}", errors=errors)
-    file_id = new_id("file-")
-    key = f"files/{principal.org_id}/{file_id}.jsonl"
-    stored = services.storage.put_bytes(key, data)
-    row = PromptFile(
-        id=file_id, org_id=principal.org_id, filename=_safe_filename(file.filename), purpose=purpose,
-        size_bytes=stored.size_bytes, sha256=hashlib.sha256(data).hexdigest(), prompt_count=report.prompt_count,
-        storage_key=key, created_at=utcnow(),
-    )
-    session.add(row)
-    try:
-        session.commit()
-    except Exception:
-        services.storage.delete(key)  # no orphaned bytes without a row
-        raise
+    row = store_prompt_file(session, services.storage, org_id=principal.org_id, filename=file.filename,
+                            purpose=purpose, data=data, prompt_count=report.prompt_count)
     return _file_out(row)
 
 
 @router.get("", response_model=FileList, summary="List uploaded files", responses=problem_responses(401, 403))
 def list_files(principal: ReadPrincipal, session: SessionDep) -> FileList:
-    rows = session.scalars(
-        select(PromptFile).where(PromptFile.org_id == principal.org_id).order_by(PromptFile.id.desc()).limit(1000)
-    )
-    return FileList(data=[_file_out(row) for row in rows])
+    return FileList(data=[_file_out(row) for row in prompt_files_of(session, principal.org_id)])
 
 
 @router.get("/{file_id}", response_model=FileOut, summary="Get an uploaded file's metadata",
             responses=problem_responses(401, 403, 404))
 def get_file(principal: ReadPrincipal, session: SessionDep, file_id: str) -> FileOut:
-    row = session.scalar(select(PromptFile).where(PromptFile.id == file_id, PromptFile.org_id == principal.org_id))
-    if row is None:
-        raise NotFound(f"no file {file_id!r} in your organisation")
-    return _file_out(row)
+    return _file_out(prompt_file_for_org(session, principal.org_id, file_id))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import time
@@ -13,14 +12,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from pydantic import TypeAdapter
-from sqlalchemy import Connection, Row, Select, bindparam, func, select, true
 from starlette.concurrency import run_in_threadpool
 
+from domain.db import Connection, Row
 from api.deps import ReadPrincipal, Services, ServicesDep, SessionDep, read_sessions, run_read
 from api.event_feed import EventFeeds
 from domain.events import events_after, job_events_page
-from domain.jobs import get_job_for_org, job_state_for_org
-from domain.models import Artifact, Job, MetricPoint
+from domain.artifacts import artifact_named, artifacts_of
+from domain.job_reads import job_state_for_org, job_status
+from domain.jobs import get_job_for_org
+from domain.metrics import metric_series
+from domain.models import Artifact
 from domain.errors import FieldError, InvalidRequest, NotFound
 from api.problems import problem_responses
 from api.schemas import ArtifactList, ArtifactOut, EventList, EventOut, MetricPointOut, MetricsOut, MetricSeries
@@ -78,7 +80,8 @@ async def list_events(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> EventList | Response:
-    # Hot read route (issue 32): async, with its database work in one thread hop (api/deps.py run_read).
+    # A hot read route: async, with its database work in one thread hop (api/deps.py run_read), since a thread
+    # hop per query cost more than the query.
     streaming = "text/event-stream" in request.headers.get("accept", "")
     if not streaming and last_event_id is None:
         # Event ids are 32-bit in the database: no event is beyond that, so a larger cursor reads as that one.
@@ -103,7 +106,7 @@ def _events_or_stream(db: Connection, org_id: str, services: Services, request: 
     cursor = resume_from if resume_from is not None else after
     if cursor > job.event_seq:
         # Beyond the job's latest event: no id a client can have received. A page is just empty (a poller
-        # keeps its cursor); a stream would wait for ids that never come (issue 20), so it is refused, naming
+        # keeps its cursor); a stream would wait for ids that never come (it would hang), so it is refused, naming
         # the cursor. (The query never sees such a value: event ids are 32-bit in the database.)
         if not streaming:
             return EventList(data=[], has_more=False, next_cursor=None, job_status=job.status)
@@ -131,7 +134,7 @@ def _poll(services: Services, job_id: str, after: int) -> tuple[str, list[EventO
     with read_sessions(services)() as session:
         # Status first, then events: the terminal transition commits together with its own event,
         # so a terminal status read here guarantees its event is visible to the query below.
-        status = session.scalar(select(Job.status).where(Job.id == job_id)) or JobStatus.CANCELLED
+        status = job_status(session, job_id) or JobStatus.CANCELLED
         return status, _events_out(events_after(session, job_id, after, SSE_BATCH))
 
 
@@ -198,76 +201,17 @@ async def get_metrics(
     step_max: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     max_points: Annotated[int, Query(ge=2, le=10_000)] = 500,
 ) -> MetricsOut:
-    # Hot read route (issue 32): async, with its database work in one thread hop (api/deps.py run_read).
+    # A hot read route: async, with its database work in one thread hop (api/deps.py run_read).
     return await run_read(services, _metrics, principal.org_id, job_id, name, step_min, step_max, max_points)
-
-
-@functools.lru_cache(maxsize=16)
-def _metrics_queries(step_max: bool, names: bool) -> tuple[Select[Any], Select[Any], Select[Any], list[Any]]:
-    """The statements of `get_metrics` for one shape of filters, built once (values are bound parameters): the
-    job's check with the series' statistics, every point of the series, and of some of them; and the filters."""
-    conditions = [MetricPoint.job_id == bindparam("job_id"), MetricPoint.step >= bindparam("step_min")]
-    if step_max:
-        conditions.append(MetricPoint.step <= bindparam("step_max"))
-    if names:
-        conditions.append(MetricPoint.name.in_(bindparam("names", expanding=True)))
-    # The job's check and the series' statistics in one round trip: the statistics (a derived table) LEFT JOINed
-    # to the organisation's job row; no row at all is the 404, one row without a name a job without such points.
-    stats = (
-        select(MetricPoint.name.label("name"), func.count().label("count"), func.min(MetricPoint.step).label("low"),
-               func.max(MetricPoint.step).label("high"))
-        .where(*conditions).group_by(MetricPoint.name).subquery("stats")
-    )
-    found = (
-        select(Job.id, stats.c.name, stats.c.count, stats.c.low, stats.c.high)
-        .select_from(Job).outerjoin(stats, true())
-        .where(Job.id == bindparam("job_id"), Job.org_id == bindparam("org_id")).order_by(stats.c.name)
-    )
-    points = select(MetricPoint.name, MetricPoint.step, MetricPoint.value).where(*conditions)
-    order = (MetricPoint.name, MetricPoint.step, MetricPoint.id)
-    return (found, points.order_by(*order),
-            points.where(MetricPoint.name.in_(bindparam("whole", expanding=True))).order_by(*order), conditions)
 
 
 def _metrics(db: Connection, org_id: str, job_id: str, name: list[str] | None, step_min: int, step_max: int | None,
              max_points: int) -> MetricsOut:
-    found_query, all_points, some_points, conditions = _metrics_queries(step_max is not None, bool(name))
-    params = {"job_id": job_id, "org_id": org_id, "step_min": step_min, "step_max": step_max, "names": name}
-    found = db.execute(found_query, params).all()
-    if not found:
-        raise NotFound(f"no job {job_id!r} in your organisation")
-    if step_max is not None and step_max < step_min:
-        raise InvalidRequest("step_max must be >= step_min",
-                             errors=[FieldError(field="step_max", message="must be >= step_min")])
-    stats = [(metric, count, low, high) for _, metric, count, low, high in found if metric is not None]
-    # Every series short enough to send whole comes from one query (not one per series), grouped here by name.
-    whole = [metric for metric, count, _, _ in stats if count <= max_points]
-    points_of: dict[str, list[dict[str, Any]]] = {metric: [] for metric in whole}
-    if whole:
-        query = all_points if len(whole) == len(stats) else some_points
-        # .all(): one fetch of every row (iterating a result fetches row by row, a third of this route's CPU).
-        # A whole series' rows are already an int step and a float (or null) value.
-        for metric, step, value in db.execute(query, {**params, "whole": whole}).all():
-            points_of[metric].append({"step": step, "value": value})
-    series = []
-    for metric, count, low, high in stats:
-        if count <= max_points:
-            series.append(MetricSeries(name=metric, points=_POINTS_OUT.validate_python(points_of[metric]),
-                                       total_points=count, downsampled=False))
-            continue
-        # Integer bucket index computed in SQL on both databases. `//` is SQLAlchemy's floor
-        # division; plain `/` is true division since SQLAlchemy 2.0 and would round buckets.
-        width = -(-(high - low + 1) // max_points)
-        bucket = (MetricPoint.step - low) // width
-        rows = db.execute(
-            select(func.max(MetricPoint.step), func.avg(MetricPoint.value))
-            .where(*conditions, MetricPoint.name == metric).group_by(bucket).order_by(func.max(MetricPoint.step)),
-            params,
-        ).all()
-        series.append(MetricSeries(name=metric, points=_POINTS_OUT.validate_python(
-            [{"step": int(step), "value": None if value is None else float(value)} for step, value in rows]
-        ), total_points=count, downsampled=True))
-    return MetricsOut(job_id=job_id, max_points=max_points, series=series)
+    series = metric_series(db, org_id, job_id, name, step_min, step_max, max_points)
+    return MetricsOut(job_id=job_id, max_points=max_points, series=[
+        MetricSeries(name=one.name, points=_POINTS_OUT.validate_python(one.points), total_points=one.total_points,
+                     downsampled=one.downsampled)
+        for one in series])
 
 
 _POINTS_OUT = TypeAdapter(list[MetricPointOut])
@@ -285,8 +229,7 @@ def _artifact_out(artifact: Artifact) -> ArtifactOut:
             responses=problem_responses(401, 403, 404))
 def list_artifacts(principal: ReadPrincipal, session: SessionDep, job_id: str) -> ArtifactList:
     job = get_job_for_org(session, principal.org_id, job_id)
-    artifacts = session.scalars(select(Artifact).where(Artifact.job_id == job.id).order_by(Artifact.name))
-    return ArtifactList(data=[_artifact_out(a) for a in artifacts])
+    return ArtifactList(data=[_artifact_out(a) for a in artifacts_of(session, job.id)])
 
 
 _UNSAFE_FILENAME_CHARS = re.compile(r"[^A-Za-z0-9._-]")
@@ -320,7 +263,7 @@ def artifact_response(services: Services, artifact: Artifact, *, cache_control: 
 def download_artifact(principal: ReadPrincipal, session: SessionDep, services: ServicesDep, job_id: str,
                       name: str) -> Response:
     job = get_job_for_org(session, principal.org_id, job_id)
-    artifact = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.name == name))
+    artifact = artifact_named(session, job.id, name)
     if artifact is None:
         raise NotFound(f"job {job.id} has no artifact {name!r}")
     return artifact_response(services, artifact)

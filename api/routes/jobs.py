@@ -6,9 +6,8 @@ import re
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from sqlalchemy import Connection
-from sqlalchemy.orm import Session
 
+from domain.db import Connection, Session
 from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal, run_read, run_write
 from api.estimates import GPU_CLASSES, estimate_job
 from domain.jobs import (
@@ -17,24 +16,20 @@ from domain.jobs import (
     cancel_job,
     check_job_spec,
     create_job,
-    job_row_for_org,
-    list_jobs,
     parse_job_spec,
     resume_job,
 )
 from domain.errors import FieldError, InvalidRequest
+from domain.job_reads import job_row_for_org, list_jobs
 from api.problems import problem_responses
-from api.schemas import EstimateOut, JobList, JobOut
+from api.schemas import EstimateOut, JobList, JobOut, JobStatusName
 from api.views import jobs_to_out
 from schemas.bounds import TARGET_PARAMETERS_BILLION_RANGE
 from schemas.job_spec import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-StatusFilter = Literal[
-    "queued", "preparing", "generating", "training", "validating", "exporting", "publishing",
-    "succeeded", "failed", "cancelling", "cancelled",
-]
+StatusFilter = JobStatusName
 GpuClassName = Literal["cpu-2core", "l4-24gb", "a10g-24gb", "a100-80gb", "h100-80gb", "h200-141gb"]
 assert set(GpuClassName.__args__) == set(GPU_CLASSES)  # type: ignore[attr-defined]
 _LABEL_FILTER_RE = re.compile(r"^([a-z0-9][a-z0-9_.-]{0,62}):(.{0,256})$", re.DOTALL)
@@ -122,7 +117,7 @@ async def list_(
     if after is not None and not JOB_ID_RE.match(after):
         raise InvalidRequest("`after` must be a job id taken from next_cursor",
                              errors=[FieldError(field="after", message="not a job id")])
-    # Hot read route (issue 32): async, with its database work in one thread hop (api/deps.py run_read).
+    # A hot read route: async, with its database work in one thread hop (api/deps.py run_read).
     return await run_read(services, _job_page, principal.org_id, list(status or []), labels, limit, after)
 
 

@@ -7,13 +7,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
-from sqlalchemy import func, select
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep
-from domain.models import Job, Organisation
+from domain.models import Organisation
 from api.problems import problem_responses
-from domain.states import ACTIVE_STATUSES
-from domain.usage import limits_for, parse_period, period_bounds, usage_between
+from domain.usage import active_job_count, limits_for, parse_period, period_bounds, usage_between
 
 router = APIRouter(prefix="/v1/usage", tags=["usage"])
 
@@ -49,9 +47,8 @@ def usage(principal: ReadPrincipal, session: SessionDep, services: ServicesDep,
     name, start, end = parse_period(period) if period else period_bounds()
     org = session.get(Organisation, principal.org_id)
     assert org is not None
-    active = session.scalar(select(func.count()).select_from(Job).where(
-        Job.org_id == org.id, Job.status.in_([str(s) for s in ACTIVE_STATUSES])))
     return UsageOut(period=name, period_start=start, resets_at=end,
                     usage=UsageCounters(**usage_between(session, org.id, start, end)),
-                    limits=UsageLimits(**limits_for(org, services.settings)), active_jobs=int(active or 0),
+                    limits=UsageLimits(**limits_for(org, services.settings)),
+                    active_jobs=active_job_count(session, org.id),
                     max_concurrent_jobs=org.max_concurrent_jobs or services.settings.default_max_concurrent_jobs)

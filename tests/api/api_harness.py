@@ -13,7 +13,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from api.auth import create_api_key
+from domain.keys import create_api_key
 from api.deps import Services, services_for
 from api.main import create_app
 from domain.models import Base

@@ -16,7 +16,7 @@ import pytest
 
 import domain.egress as egress
 from domain.models import utcnow
-from domain.webhooks import dispatch_due_webhooks
+from domain.deliveries import dispatch_due_webhooks
 from api_harness import build_harness, make_settings
 from schemas.bounds import resolved_path_within_roots
 from test_api_webhooks import Receiver

@@ -1,5 +1,5 @@
 """Webhooks end to end: a real HTTP receiver on loopback checks Standard Webhooks signatures (verified
-here independently of domain/webhooks.py), failures are retried with exponential backoff, and every
+here independently of domain/deliveries.py), failures are retried with exponential backoff, and every
 attempt is recorded and visible through the API."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from domain.models import utcnow
 from domain.states import Stage
-from domain.webhooks import dispatch_due_webhooks
+from domain.deliveries import dispatch_due_webhooks
 
 
 class Receiver:

@@ -1,0 +1,43 @@
+"""The status names a job and an audit can hold: the one list of each.
+
+`JobStatus` is the job's (domain/states.py holds the transitions between them), `AuditStatus` an audit's
+(domain/audits.py). Both are stored as plain strings (String(16) columns, no database enum type: a new status
+needs no migration); the API's response models and filters derive their `Literal`s from these enums. This module
+imports nothing of the domain, so every other domain module (the webhook rule and drafter queries included, which
+domain/states.py itself imports) can name a status without an import circle.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    PREPARING = "preparing"
+    GENERATING = "generating"
+    TRAINING = "training"
+    VALIDATING = "validating"
+    EXPORTING = "exporting"
+    PUBLISHING = "publishing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+class AuditStatus(StrEnum):
+    """queued → running → succeeded | failed; cancelling → cancelled when the user cancels a running one (a queued
+    one is cancelled at once); a running audit whose worker went quiet is queued again or failed (worker_lost)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+AUDIT_ACTIVE_STATUSES: tuple[str, ...] = (AuditStatus.QUEUED.value, AuditStatus.RUNNING.value,
+                                          AuditStatus.CANCELLING.value)
+"""An audit in one of these holds one of the organisation's concurrency slots (domain/jobs.py counts them)."""
