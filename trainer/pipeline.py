@@ -52,10 +52,12 @@ class RunConfig:
     """Target directory, or a bundled name (smollm2-135m), or a LoRA adapter folder (trainer/targets/adapters.py)."""
     base: str | None = None
     """For an adapter target: the base model's folder (None: the local folder the adapter names, if any)."""
-    target_name: str | None = None
+    # The two names below only label the report and the card: two jobs that train the same drafter compare
+    # equal whichever way they spelled the target (compare=False).
+    target_name: str | None = field(default=None, compare=False)
     """How the job names its target in report.json and the model card (a REST job: its target.uri, never the
     worker's local copy; None: `target` as given)."""
-    base_name: str | None = None
+    base_name: str | None = field(default=None, compare=False)
     """How the job names an adapter target's base there (a REST job: its target.base; None: `base`)."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompts: str = "builtin"
