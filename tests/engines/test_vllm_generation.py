@@ -60,3 +60,23 @@ def test_vllm_backend_regenerates_the_builtin_loops_data(smollm2, tmp_path):
         torch.testing.assert_close(b.teacher.logits, a.teacher.logits, rtol=1e-3, atol=1e-3)
         torch.testing.assert_close(b.teacher.final_hidden.float(), a.teacher.final_hidden.float(), rtol=2**-6,
                                    atol=2e-2)
+
+
+def test_vllm_serves_a_lora_fine_tune_unmerged_with_the_merged_target_s_tokens(smollm2_dir, tmp_path):
+    """A fine-tune handed over as a peft adapter: vLLM loads the base and applies the adapter per request (its LoRA
+    support); our target merges it. Greedy, float32 on both sides, the responses are the same tokens."""
+    from smollm2_lora import PROMPTS, smollm2_lora
+
+    from trainer.targets import load_target
+
+    if engine_paths.vllm_python() is None:
+        pytest.skip(engine_paths.missing("vllm"))
+    target = load_target(smollm2_lora(smollm2_dir))
+    prompts = [Prompt(f"lora{i}", "lora", ({"role": "user", "content": text},)) for i, text in enumerate(PROMPTS)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=24)
+    kwargs = dict(tap_layer_ids=TAPS, teacher_top_k=TOP_K, batch_size=8)
+    builtin = regenerate(target, prompts, params, tmp_path / "builtin", **kwargs).examples()
+    with response_backend("vllm", target) as backend:
+        served = regenerate(target, prompts, params, tmp_path / "vllm", backend=backend, **kwargs).examples()
+    assert [e.input_ids for e in served] == [e.input_ids for e in builtin]
+    assert all(target.tokenizer.decode(e.input_ids[e.prompt_len:]).startswith("Ahoy") for e in served)  # the adapter's

@@ -213,13 +213,15 @@ def test_a_run_over_an_adapter_is_lossless_and_its_card_names_both(tmp_path):
     assert (prepared["target_path"], prepared["adapter_path"]) == (str(base), str(moved))
 
 
-def test_engines_that_load_the_target_s_folder_refuse_an_adapter_target(base_dir, adapter_a, tmp_path):
-    """The folder is the base's: vLLM or llama.cpp loading it would run the base without the adapter."""
-    from trainer.data.vllm_backend import EngineFailed, VllmResponses
+def test_vllm_generation_serves_the_adapter_unmerged_and_the_engine_step_skips_it(base_dir, adapter_a, tmp_path):
+    """vLLM's generate backend loads the base and applies the adapter (its LoRA support; tests/engines/ compares
+    its tokens). The engine step's engines would load the target's folder, the base's, and run it without."""
+    from trainer.data.vllm_backend import VllmResponses
     from trainer.validation.engines import ADAPTER_SKIP, run_engines
 
     target = load_target(adapter_a)
-    with pytest.raises(EngineFailed, match="LoRA adapter"):
-        VllmResponses(target)
+    config = VllmResponses(target).driver_config()
+    assert config["target"] == str(base_dir) and config["lora"] == {"path": str(adapter_a), "max_rank": 8}  # r=4
+    assert "lora" not in VllmResponses(load_target(base_dir)).driver_config()
     section = run_engines(target, tmp_path / "no-drafter", [[5]], [[6]], work_dir=tmp_path, engines=("llama.cpp",))
     assert (section["skipped"], section["rows"]) == ([ADAPTER_SKIP], [])

@@ -55,6 +55,20 @@ def prompt_seeds(seed: int, count: int) -> list[int]:
     return [(seed * 1_000_003 + i) % SEED_MODULUS for i in range(count)]
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for `max_lora_rank` (its LoRAConfig): an adapter of rank r needs the smallest above it."""
+
+
+def lora_max_rank(adapter_dir: Path) -> int:
+    """vLLM's `max_lora_rank` for the peft adapter in `adapter_dir` (its adapter_config.json's `r`)."""
+    rank = int(json.loads((Path(adapter_dir) / "adapter_config.json").read_text())["r"])
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise EngineFailed(f"the adapter's LoRA rank r={rank} exceeds the largest vLLM serves "
+                       f"({VLLM_LORA_RANKS[-1]}); use the builtin generate backend")
+
+
 class VllmResponses:
     """A `ResponseBackend` (trainer/data/regenerate.py): the target's responses, sampled by vLLM.
 
@@ -67,9 +81,6 @@ class VllmResponses:
                  log_path: str | Path | None = None, tensor_parallel_size: int = 1):
         if target.path is None:
             raise EngineFailed("vLLM loads the target from its folder; this target was built in memory")
-        if getattr(target, "adapter_path", None) is not None:  # its folder is the base: vLLM would miss the adapter
-            raise EngineFailed("vLLM loads the target from its folder; this target is a LoRA adapter merged into its "
-                               "base in memory: use the builtin generate backend, or hand over the merged model")
         self.target = target
         self.max_model_len = max_model_len or min(target.config.max_position_embeddings, MAX_MODEL_LEN)
         # The built-in loop's thread count: both engines run one at a time (regenerate waits on vLLM, then
@@ -118,9 +129,15 @@ class VllmResponses:
         return self
 
     def driver_config(self) -> dict:
-        """What the driver builds its `LLM` from (trainer/data/vllm_generate_driver.py CONFIG)."""
-        return {"target": str(self.target.path), "dtype": "float32", "max_model_len": self.max_model_len,
-                "tensor_parallel_size": self.tensor_parallel_size}
+        """What the driver builds its `LLM` from (trainer/data/vllm_generate_driver.py CONFIG). A target handed
+        over as a LoRA adapter is served unmerged, as vLLM serves adapters: the base's folder plus the adapter's,
+        applied to every request."""
+        config = {"target": str(self.target.path), "dtype": "float32", "max_model_len": self.max_model_len,
+                  "tensor_parallel_size": self.tensor_parallel_size}
+        adapter = getattr(self.target, "adapter_path", None)
+        if adapter is not None:
+            config["lora"] = {"path": str(adapter), "max_rank": lora_max_rank(adapter)}
+        return config
 
     def __exit__(self, exc_type, *exc) -> None:
         self._stop(timeout=60)

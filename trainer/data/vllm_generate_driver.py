@@ -2,7 +2,8 @@
 trainer/data/vllm_backend.py: `VLLM_PYTHON vllm_generate_driver.py CONFIG_JSON`. Imports only the standard
 library and vLLM (the project's packages are not installed there).
 
-CONFIG: {"target": DIR, "dtype": "float32", "max_model_len": N, "tensor_parallel_size": GPUs (1 if absent)}
+CONFIG: {"target": DIR, "dtype": "float32", "max_model_len": N, "tensor_parallel_size": GPUs (1 if absent),
+         "lora": {"path": ADAPTER_DIR, "max_rank": N} (absent unless the target is a peft LoRA adapter over DIR)}
 It loads one offline `LLM`, writes {"ready": true, "vllm_version": str} and then answers requests, one JSON
 line each way, until stdin closes:
   request:  {"prompts": [[ids]], "seeds": [int per prompt], "temperature", "top_p", "top_k", "max_tokens",
@@ -36,7 +37,8 @@ def finished(output, stop_token_ids: set[int]) -> tuple[list[int], str]:
     return tokens, "stop"
 
 
-def answer(llm, request: dict) -> dict:
+def answer(llm, request: dict, lora=None) -> dict:
+    """`lora`: the adapter's LoRARequest, applied to every prompt (the target is the base with that adapter)."""
     from vllm import SamplingParams, TokensPrompt
 
     stops = [int(t) for t in request["stop_token_ids"]]
@@ -46,7 +48,8 @@ def answer(llm, request: dict) -> dict:
                              max_tokens=request["max_tokens"], seed=seed, stop_token_ids=stops, detokenize=False)
               for seed in request["seeds"]]
     started = time.perf_counter()
-    results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]], params, use_tqdm=False)
+    results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]], params, use_tqdm=False,
+                           lora_request=lora)
     seconds = time.perf_counter() - started
     answers = [finished(result.outputs[0], set(stops)) for result in results]
     return {"tokens": [tokens for tokens, _ in answers], "finish": [reason for _, reason in answers],
@@ -71,9 +74,17 @@ def main(config_json: str) -> int:
         # enforce_eager: no torch.compile warm-up (minutes on a small CPU, the same kernels either way).
         # generation_config="vllm": the checkpoint's generation defaults never leak into the job's sampling.
         # No prefix caching: every request is a fresh set of prompts, and it keeps runs comparable.
+        # A LoRA target: the base loads as is and the adapter is applied unmerged, one adapter slot.
+        adapter = config.get("lora")
+        lora_options = {"enable_lora": True, "max_loras": 1, "max_lora_rank": adapter["max_rank"]} if adapter else {}
         llm = LLM(model=config["target"], dtype=config["dtype"], max_model_len=config["max_model_len"], seed=0,
                   enforce_eager=True, enable_prefix_caching=False, generation_config="vllm",
-                  tensor_parallel_size=config.get("tensor_parallel_size", 1))
+                  tensor_parallel_size=config.get("tensor_parallel_size", 1), **lora_options)
+        lora = None
+        if adapter:
+            from vllm.lora.request import LoRARequest
+
+            lora = LoRARequest("target-adapter", 1, adapter["path"])
     except Exception:
         reply({"error": traceback.format_exc()[-3000:]})
         return 1
@@ -83,7 +94,7 @@ def main(config_json: str) -> int:
             if not line.strip():
                 continue
             try:
-                reply(answer(llm, json.loads(line)))
+                reply(answer(llm, json.loads(line), lora))
             except Exception:
                 reply({"error": traceback.format_exc()[-3000:]})
     finally:
