@@ -1,12 +1,14 @@
 """The GPU check's run and its table (bench/gpu_check.sh calls this; docs/DEVICES.md "Checking a GPU machine").
 
-1. `draftsmith run --target smollm2-135m --preset gpu --device cuda --budget-minutes 5` on the real SmolLM2-135M
+1. Draft/verify costs for a Llama-3.1-8B-shaped target with random weights built on the GPU in bfloat16 (no
+   download) and a random 5-layer block-16 drafter (trainer/validation/report.py `measure_step_costs`); then the
+   three Triton kernels against their torch references (bench/kernel_bench.py) where triton imports. What needs no
+   data comes first.
+2. `draftsmith run --target smollm2-135m --preset gpu --device cuda --budget-minutes 5` on the real SmolLM2-135M
    (sized to finish in under 8 minutes on one H200), unless --skip-run reads an earlier run's --out.
-2. A table from what the run wrote (OUT/.work/state.json, train/metrics.jsonl, the drafter, report.json):
+3. A table from what the run wrote (OUT/.work/state.json, train/metrics.jsonl, the drafter, report.json):
    generation tokens/s, training steps/s and the drafter training step's model-FLOPs utilisation, held-out tau,
    the draft/verify cost table, and our decoder's batch-1 tokens/s against the target alone with its interval.
-3. The same draft/verify costs (trainer/validation/report.py `measure_step_costs`) for a Llama-3.1-8B-shaped
-   target with random weights built on the GPU in bfloat16 (no download) and a random 5-layer block-16 drafter.
 
 Training FLOPs per second, the MFU numerator (attention scores and the context's fc/k/v projections left out:
 a lower bound):
@@ -16,6 +18,9 @@ multiplied, and are left out); the frozen LM head (over the draft vocabulary whe
 (2) and its input gradient (2), no weight gradient. Block tokens/s is the
 supervised positions/s of metrics.jsonl x B/(B-1) (each block's anchor is not supervised). Peak: the H200's dense
 bfloat16 989 TFLOP/s (--peak-tflops).
+
+Every step's figures go to OUT/gpu_check.json as it finishes (`Findings`): a failure prints what finished and
+the error, and a rerun into the same OUT keeps them, resumes the job's finished stages and does only the rest.
 
 --dry-run: the same code paths on the CPU with tiny shapes (few prompts and steps, a tiny random Llama instead of
 the 8B shape), in a few minutes.
@@ -48,6 +53,8 @@ def run_job(out: Path, *, dry_run: bool, budget_minutes: float) -> float:
     command = [sys.executable, "-c", "from draftsmith.cli import main; main()", "run", "--target", "smollm2-135m",
                "--out", str(out), "--preset", "gpu", "--budget-minutes", str(budget_minutes)]
     command += DRY_RUN_FLAGS if dry_run else ["--device", "cuda"]
+    if (out / ".work" / "state.json").is_file():  # an earlier call got this far: its finished stages are kept
+        command.append("--resume")
     print("$", " ".join(command[3:]), flush=True)
     started = time.perf_counter()
     subprocess.run(command, check=True)
@@ -159,7 +166,7 @@ def cost_rows(verify: dict, draft: dict) -> list[str]:
     return rows
 
 
-def print_table(figures: dict, report: dict, shaped: dict, *, dry_run: bool, job_seconds: float | None) -> None:
+def print_job_table(figures: dict, report: dict, *, dry_run: bool, job_seconds: float | None) -> None:
     speed = report["speedup"]
     costs = report["step_costs_ms"]
     mfu = figures["mfu"]
@@ -185,14 +192,68 @@ def print_table(figures: dict, report: dict, shaped: dict, *, dry_run: bool, job
         f"draft/verify costs, SmolLM2-135M + trained drafter (report.json step_costs_ms, draft vocab "
         f"{costs.get('draft_vocab_size')}):",
         *cost_rows(costs["verify"], costs["draft"]),
-        "",
-        f"draft/verify costs, {'tiny random Llama' if dry_run else 'Llama-3.1-8B shape, random weights'} "
-        f"(hidden {shaped['shape']['hidden_size']}, {shaped['shape']['num_hidden_layers']} layers, vocab "
-        f"{shaped['shape']['vocab_size']}, {shaped['dtype']} on {shaped['device']}, prompt {shaped['prompt_tokens']}), "
-        "random 5-layer block-16 drafter, full vocabulary:",
-        *cost_rows(shaped["verify_ms"], shaped["draft_ms"]),
     ]
     print("\n".join(lines), flush=True)
+
+
+def print_shaped_costs(shaped: dict, *, dry_run: bool) -> None:
+    print(f"draft/verify costs, {'tiny random Llama' if dry_run else 'Llama-3.1-8B shape, random weights'} "
+          f"(hidden {shaped['shape']['hidden_size']}, {shaped['shape']['num_hidden_layers']} layers, vocab "
+          f"{shaped['shape']['vocab_size']}, {shaped['dtype']} on {shaped['device']}, prompt {shaped['prompt_tokens']}), "
+          "random 5-layer block-16 drafter, full vocabulary:", *cost_rows(shaped["verify_ms"], shaped["draft_ms"]),
+          sep="\n", flush=True)
+
+
+def kernel_step(*, dry_run: bool) -> dict:
+    """The three Triton kernels against their torch references (bench/kernel_bench.py, no training step): timed on
+    CUDA, checked in Triton's interpreter on a dry run. Skipped, saying so, where triton does not import."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return {"skipped": "triton is not installed"}
+    command = [sys.executable, str(Path(__file__).with_name("kernel_bench.py")), "--device",
+               "cpu" if dry_run else "cuda", "--skip-step"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"kernel_bench exited {done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
+    return {"output": done.stdout[-4000:]}
+
+
+class Findings:
+    """What the check measured, in OUT/gpu_check.json, rewritten as each step finishes: a failure (or a call cut off
+    at its time limit) leaves every finished step's figures there and printed, and a rerun into the same OUT keeps
+    them and does only the steps still missing (the job resumes its finished stages)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.data: dict = json.loads(path.read_text()) if path.is_file() else {}
+        self.data.pop("failed", None)
+
+    def step(self, name: str, measure) -> dict:
+        if name in self.data:
+            print(f"-- {name}: kept from an earlier run ({self.path})", flush=True)
+            return self.data[name]
+        print(f"-- {name} ...", flush=True)
+        started = time.perf_counter()
+        try:
+            value = measure()
+        except BaseException as error:  # KeyboardInterrupt and a killed subprocess too: say what finished
+            self.data["failed"] = {"step": name, "error": f"{type(error).__name__}: {error}"[-3000:],
+                                   "after_s": round(time.perf_counter() - started, 1)}
+            self.write()
+            finished = [key for key in self.data if key != "failed"]
+            print(f"GPU check stopped at {name}: {self.data['failed']['error']}\nfinished: "
+                  f"{', '.join(finished) or 'nothing'} (figures in {self.path}); rerun to resume", flush=True)
+            raise
+        self.data[name] = value
+        self.write()
+        return value
+
+    def write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        staging = self.path.with_suffix(".partial")
+        staging.write_text(json.dumps(self.data, indent=1))
+        staging.replace(self.path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,17 +266,19 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the device's dense peak for MFU (default {H200_BF16_DENSE_TFLOPS:g} on a GPU, none on a CPU)")
     args = parser.parse_args(argv)
     peak = args.peak_tflops if args.peak_tflops is not None else (None if args.dry_run else H200_BF16_DENSE_TFLOPS)
-    job_seconds = None
-    if not args.skip_run:
-        job_seconds = run_job(args.out, dry_run=args.dry_run, budget_minutes=args.budget_minutes)
+    findings = Findings(args.out / "gpu_check.json")
+    # Cheapest and most telling first: the 8B shape's costs need no data, the kernels no model. A failing step
+    # raises after Findings has printed and saved what finished.
+    shaped = findings.step("shaped_target_costs", lambda: shaped_target_costs(dry_run=args.dry_run))
+    print_shaped_costs(shaped, dry_run=args.dry_run)
+    kernels = findings.step("kernels", lambda: kernel_step(dry_run=args.dry_run))
+    print(kernels.get("output") or f"kernels: skipped ({kernels.get('skipped')})", flush=True)
+    job = findings.step("job", lambda: {"seconds": None} if args.skip_run else {"seconds": run_job(
+        args.out, dry_run=args.dry_run, budget_minutes=args.budget_minutes)})
     work = args.out / ".work"
-    figures = training_figures(work, peak)
+    figures = findings.step("figures", lambda: training_figures(work, peak))
     report = json.loads((work / "report.json").read_text())
-    shaped = shaped_target_costs(dry_run=args.dry_run)
-    print_table(figures, report, shaped, dry_run=args.dry_run, job_seconds=job_seconds)
-    (args.out / "gpu_check.json").write_text(json.dumps({"figures": figures, "shaped_target_costs": shaped,
-                                                         "tau": report["tau"], "speedup": report["speedup"],
-                                                         "step_costs_ms": report["step_costs_ms"]}, indent=1))
+    print_job_table(figures, report, dry_run=args.dry_run, job_seconds=job["seconds"])
     return 0
 
 

@@ -13,7 +13,14 @@ DIR="${1:-$ROOT/build/gpu-rehearsal}"
 LOG=/tmp/gpu_rehearsal.log
 exec > >(tee "$LOG") 2>&1
 started=$(date +%s)
-PY312="${PY312:-$(command -v python3.12 || echo /root/.pyenv/versions/3.12.1/bin/python3.12)}"
+# The image's Python minor version. A pyenv shim on PATH may name python3.12 without running it: take the first
+# candidate that runs.
+if [[ -z "${PY312:-}" ]]; then
+    for candidate in python3.12 /root/.pyenv/versions/3.12*/bin/python3.12; do
+        if "$candidate" -c "" 2>/dev/null; then PY312="$candidate"; break; fi
+    done
+fi
+: "${PY312:?no Python 3.12 here: set PY312 to one (the GPU image runs 3.12)}"
 IMAGE="$DIR/image"
 if [[ ! -f "$IMAGE/.complete" ]]; then
     "$PY312" -m venv "$IMAGE"
