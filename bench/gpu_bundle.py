@@ -78,16 +78,33 @@ def _platform_args() -> list[str]:
     return args
 
 
+def canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def bundled(name: str, requirements=REQUIREMENTS) -> bool:
+    """Whether a distribution pip resolved goes into the bundle: everything the image lacks. What the image holds
+    stays out unless a requirement asks for it by name (transformers 5.24 over the image's 5.17), and so do the
+    CUDA libraries: accelerate and peft require torch, so pip's resolution pulls a torch, its triton and several
+    GB of nvidia-* wheels, which on PYTHONPATH would shadow the image's CUDA build."""
+    asked = {canonical(requirement.split("==")[0]) for requirement in requirements}
+    name = canonical(name)
+    if name in asked:
+        return True
+    return name not in IMAGE_DISTRIBUTIONS and not name.startswith(("nvidia-", "cuda-"))
+
+
 def resolve(requirements=REQUIREMENTS) -> list[dict]:
-    """pip's resolution of `requirements` for the GPU image's Python and platform, without downloading a wheel:
-    [{name, version, url}]."""
+    """pip's resolution of `requirements` for the GPU image's Python and platform, without downloading a wheel,
+    less what the image holds (`bundled`): [{name, version, url}]."""
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
         subprocess.run(_pip("install", "--quiet", "--dry-run", "--ignore-installed", "--target", scratch,
                             "--report", str(report), *_platform_args(), *requirements), check=True)
         data = json.loads(report.read_text())
     return sorted(({"name": item["metadata"]["name"], "version": item["metadata"]["version"],
-                    "url": item["download_info"]["url"]} for item in data["install"]), key=lambda item: item["name"].lower())
+                    "url": item["download_info"]["url"]} for item in data["install"]
+                   if bundled(item["metadata"]["name"], requirements)), key=lambda item: item["name"].lower())
 
 
 def build(out: Path) -> Path:

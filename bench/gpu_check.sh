@@ -26,7 +26,7 @@ install_bundle() {   # PARTS WORK: assemble, install into WORK/site, export PYTH
         --target "$SITE" "$WORK"/bundle/wheels/*.whl
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
     # Fail in seconds, naming every module that does not import, before minutes of loading and training.
-    DRY_RUN=$DRY_RUN "$SYSTEM_PYTHON" - <<'PY'
+    DRY_RUN=$DRY_RUN SITE="$SITE" "$SYSTEM_PYTHON" - <<'PY'
 import importlib
 missing = []
 for name in ("torch", "triton", "transformers", "accelerate", "pyarrow.parquet", "scipy.stats", "gguf", "peft",
@@ -37,7 +37,11 @@ for name in ("torch", "triton", "transformers", "accelerate", "pyarrow.parquet",
         missing.append(f"{name}: {type(error).__name__}: {error}")
 if missing:
     raise SystemExit("gpu_check preflight: these do not import:\n  " + "\n  ".join(missing))
-import os, torch
+import os, torch, triton
+for module in (torch, triton):  # the image's CUDA builds, never a copy the bundle brought along
+    if os.path.realpath(module.__file__).startswith(os.path.realpath(os.environ["SITE"])):
+        raise SystemExit(f"gpu_check preflight: {module.__name__} {module.__version__} was installed from the bundle "
+                         f"({module.__file__}), shadowing the image's; rebuild the bundle (bench/gpu_bundle.py)")
 if os.environ["DRY_RUN"] == "0":
     assert torch.cuda.is_available(), "no CUDA device visible"
 print("preflight: every module imports; torch", torch.__version__,

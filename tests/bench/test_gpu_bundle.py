@@ -68,3 +68,12 @@ def test_the_bundle_lists_what_the_gpu_image_lacks():
     assert {"transformers", "pydantic", "scipy", "gguf", "safetensors", "tokenizers", "click"} <= names
     assert not names & {"torch", "triton"}  # the image's CUDA builds run it (the bundle goes on PYTHONPATH)
     assert "transformers==5.24.0" in gpu_bundle.REQUIREMENTS
+
+
+def test_the_image_s_torch_triton_and_cuda_libraries_never_enter_the_bundle():
+    """pip resolves accelerate and peft to a torch; bundled, it would shadow the image's CUDA build on PYTHONPATH
+    (the rehearsal found torch 2.7.1+cu126 and 3.2 GB of wheels in a bundle meant to be tens of MB)."""
+    for name in ("torch", "triton", "nvidia-cublas-cu12", "nvidia_cudnn_cu12", "cuda-bindings", "sympy", "jinja2"):
+        assert not gpu_bundle.bundled(name), name
+    for name in ("transformers", "accelerate", "peft", "pyarrow", "pydantic", "pydantic-core", "gguf", "scipy"):
+        assert gpu_bundle.bundled(name), name

@@ -2,10 +2,11 @@
 config classes (tests/tiny_targets.py FAMILY_CONFIGS; nothing downloaded): greedy speculative decoding equals the
 target alone token for token in float32, a recurrent state is put back exactly (and merely cropping it is
 caught), sampling follows the target's distribution on a hybrid linear-attention target, and `draftsmith run`'s
-pipeline goes from prepare to export on one family of each kind."""
+pipeline goes from prepare to export on every family."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -111,24 +112,36 @@ def test_an_unknown_family_is_refused_with_the_list_and_how_to_ask(tmp_path):
         inspect_target_dir(target)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "gemma3", "gpt_oss"])
-def test_the_pipeline_runs_prepare_to_export_on_each_kind_of_family(arch, tmp_path):
-    """Hybrid linear attention (recurrent rollback), sliding windows with a SentencePiece-family exporter (no
-    GGUF), and MoE with sliding windows: every stage, lossless, the card naming the family."""
+NO_GGUF = {"gemma3": "SentencePiece", "gemma4": "SentencePiece",
+           # transformers maps this model_type's tokenizer to Qwen3.5's class, whose pre-tokenizer llama.cpp
+           # cannot name on SmolLM2's vocabulary: export goes on without the GGUF and says why
+           "qwen3_5_moe": "pre-tokenizer"}
+
+
+@pytest.mark.parametrize("arch", sorted(FAMILY_CONFIGS))
+def test_the_pipeline_runs_prepare_to_export_on_every_family(arch, tmp_path):
+    """Every stage on each family beyond the dense four: lossless greedy, the sampling test passing (served with
+    top-k 4, so a random target's flat distribution still leaves cells to test), the report and the card naming
+    the family, the GGUF written or its absence explained."""
     from trainer.pipeline import Run
 
-    target = make_bpe_target(tmp_path / arch, num_layers=6, arch=arch)
+    target = make_bpe_target(tmp_path / arch, num_layers=4, arch=arch)
     out = tmp_path / "out"
-    Run(small_run_config(target), out, lambda *_: None).execute()
+    config = dataclasses.replace(small_run_config(target), sampling_draws=300,
+                                 sampling=SamplingParams(temperature=1.0, top_k=4, max_new_tokens=16))
+    Run(config, out, lambda *_: None).execute()
     report = json.loads((out / "report.json").read_text())
     assert report["lossless"]["greedy"]["mismatches"] == 0 and report["lossless"]["greedy"]["tokens"] > 0
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert ("gguf/drafter-f16.gguf" in manifest["files"]) == (arch != "gemma3")
-    card = (out / "README.md").read_text()
+    assert report["lossless"]["sampling"]["status"] == "passed", report["lossless"]["sampling"]
     family = describe(json.loads((target / "config.json").read_text()))
-    assert "target family: " + family["family"] in card
     assert (report["target"]["family"], report["target"]["engines"]) == (family["family"], family["engines"])
-    assert report["target"]["adapter"] is False and report["target"]["gguf"] == (arch != "gemma3")
+    assert report["target"]["adapter"] is False
+    manifest = json.loads((out / "manifest.json").read_text())
+    card = (out / "README.md").read_text()
+    assert "target family: " + family["family"] in card
+    assert ("gguf/drafter-f16.gguf" in manifest["files"]) == (arch not in NO_GGUF)
+    if arch in NO_GGUF:
+        assert "no GGUF (" in card and NO_GGUF[arch] in card
 
 
 def test_a_mixture_of_experts_counts_its_active_share_for_time(tmp_path):
