@@ -206,7 +206,9 @@ def print_shaped_costs(shaped: dict, *, dry_run: bool) -> None:
 
 def kernel_step(*, dry_run: bool) -> dict:
     """The three Triton kernels against their torch references (bench/kernel_bench.py, no training step): timed on
-    CUDA, checked in Triton's interpreter on a dry run. Skipped, saying so, where triton does not import."""
+    CUDA, checked in Triton's interpreter on a dry run. Skipped, saying so, where triton does not import. A
+    failure is recorded, not raised: the job never needs the kernels (they are opt-in,
+    DRAFTSMITH_TRITON_KERNELS=1), so the check goes on to its figures."""
     import importlib.util
 
     if importlib.util.find_spec("triton") is None:
@@ -215,7 +217,7 @@ def kernel_step(*, dry_run: bool) -> dict:
                "cpu" if dry_run else "cuda", "--skip-step"]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"kernel_bench exited {done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
+        return {"failed": f"kernel_bench exited {done.returncode}: {(done.stdout + done.stderr)[-2000:]}"}
     return {"output": done.stdout[-4000:]}
 
 
@@ -272,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     shaped = findings.step("shaped_target_costs", lambda: shaped_target_costs(dry_run=args.dry_run))
     print_shaped_costs(shaped, dry_run=args.dry_run)
     kernels = findings.step("kernels", lambda: kernel_step(dry_run=args.dry_run))
-    print(kernels.get("output") or f"kernels: skipped ({kernels.get('skipped')})", flush=True)
+    if "failed" in kernels:
+        print(f"kernels: FAILED, the check goes on without them: {kernels['failed']}", flush=True)
+    else:
+        print(kernels.get("output") or f"kernels: skipped ({kernels.get('skipped')})", flush=True)
     job = findings.step("job", lambda: {"seconds": None} if args.skip_run else {"seconds": run_job(
         args.out, dry_run=args.dry_run, budget_minutes=args.budget_minutes)})
     work = args.out / ".work"
