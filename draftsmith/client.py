@@ -176,7 +176,7 @@ class Client:
             raise ApiError(response.status_code, _problem(response))
         return ValidationReport.read(response.json())
 
-    # --- audits, drafters, usage (issue 12) -------------------------------------------------------------
+    # --- audits, drafters, usage -----------------------------------------------------------------------
 
     def create_audit(self, spec: dict) -> dict:
         return self._call("POST", "/v1/audits", json=spec)

@@ -1,4 +1,4 @@
-"""`draftsmith audit`, `draftsmith drafters`, `draftsmith usage`: the commands a fine-tune pipeline runs (issue 12).
+"""`draftsmith audit`, `draftsmith drafters`, `draftsmith usage`: the commands a fine-tune pipeline runs.
 
     draftsmith audit --drafter drf_01J... --target hf://acme/llama@v4 --url URL     # on the service
     draftsmith audit --drafter out/run1 --target /models/llama-v4                   # here, the same measurement

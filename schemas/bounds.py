@@ -178,7 +178,7 @@ def file_uri_path(uri: str) -> str:
     """The local path a file:// URI names (`file:///p` or `file://localhost/p`), percent-decoded; ValueError when
     it names another host or a relative path.
 
-    The one parser of file URIs (issue 34): admission (schemas/job_spec.py), the storage scope
+    The one parser of file URIs: admission (schemas/job_spec.py), the storage scope
     (domain/storage_scope.py), the worker's fetch (worker/sources.py) and the trainer (trainer/job_config.py,
     trainer/cli_run.py) all read a URI through it, so the path that was checked is the path that is read (a query
     or fragment is not part of the path; `%xx` escapes are decoded once). tests/test_layout.py bans parsing one by

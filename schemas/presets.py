@@ -1,4 +1,4 @@
-"""Recipe presets: the CPU main job, or the published DFlash recipe scaled for GPUs (issue 35).
+"""Recipe presets: the CPU main job, or the published DFlash recipe scaled for GPUs.
 
 A preset is a table of JobSpec fields under dotted names (`training.max_steps`, the shape of the `flags` dict in
 trainer/cli_run.py), laid *under* what the user gives: a spec file's fields and command-line flags win

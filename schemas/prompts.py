@@ -4,7 +4,7 @@
     {"prompt": "Write a haiku about speculative decoding."}
 
 Serving logs are prompt files too: a line may be an OpenAI-format chat completion request, exactly as a
-client sent it to the customer's server (issue 12, "traffic as data"):
+client sent it to the customer's server ("traffic as data"):
 
     {"model": "support-llama", "messages": [{"role": "developer", "content": "..."},
      {"role": "user", "content": [{"type": "text", "text": "..."}]},

@@ -18,7 +18,7 @@ MAX_NEW_TOKENS = 128
 """Tokens the target regenerates per training prompt."""
 BUILTIN_PROMPTS = 256
 """Prompts a job draws from the built-in set (640) when data.count is not given, hold-out included: the main job's
-generation in ~5 minutes on two slow CPU cores (issue 19). Per token generated, long answers cost less than many
+generation in ~5 minutes on two slow CPU cores. Per token generated, long answers cost less than many
 prompts (a prompt's prefill costs as much as ~40 decode steps of its batch), so the job keeps 128 tokens and
 draws fewer prompts. Every category keeps its share (trainer/data/prompts.py `sample_prompts`)."""
 HOLDOUT_SHARE = 0.11
@@ -72,7 +72,7 @@ SAMPLING_DRAWS = 300
 SAMPLING_PROMPTS = 6
 """Validation prompts the sampling test draws from (the first ones: one per category of the built-in set)."""
 
-# --- The GPU preset (issue 35): the published DFlash recipe, scaled to a budget -------------------------------
+# --- The GPU preset: the published DFlash recipe, scaled to a budget -------------------------------
 # schemas/presets.py `choose_preset` lays these under what a user gives (`draftsmith run --preset gpu`); every
 # constant above stays the CPU main job's, so `make run` (the cpu preset) trains exactly what it did.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -570,3 +571,11 @@ if True:
     path = tmp_path / "sample.py"
     path.write_text(source)
     assert function_lengths(path) == {"Outer.method": 5, "Outer.method.<locals>.inner": 2, "late": 2}
+
+
+def test_product_code_names_no_issue_numbers():
+    """A comment says what and why; a ticket number means nothing to a reader of the repository."""
+    pattern = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+    found = [f"{path.relative_to(ROOT)}:{number}" for package in PRODUCT_PACKAGES for path in product_files(package)
+             for number, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, f"say what and why instead of which issue: {found}"

@@ -3,7 +3,7 @@
 A crash (or a failed write) never leaves a half-written file under the real name, so anything that finds
 a file may trust it — resumable runs rely on that to tell finished work from unfinished.
 
-The one write-then-rename helper (issue 34), with one fsync policy: the written file (a directory: every file
+The one write-then-rename helper, with one fsync policy: the written file (a directory: every file
 in it, then the directory itself) is fsynced before the rename, and the parent directory after it. The first
 keeps a power cut from leaving the new name on empty or partial data (the rename can reach the disk before the
 data does); the second makes the rename itself durable, so a file reported written is still there after a

@@ -1,4 +1,4 @@
-"""Fine-tune pipelines (issue 12): published drafters with their lineage, drift audits, usage records, and the
+"""Fine-tune pipelines: published drafters with their lineage, drift audits, usage records, and the
 organisations' monthly quotas and audit thresholds.
 
 Revision ID: 0003

@@ -1,4 +1,4 @@
-"""Generation at cluster scale (issue 22): one job's regeneration shards, claimed by several workers at once.
+"""Generation at cluster scale: one job's regeneration shards, claimed by several workers at once.
 
 Revision ID: 0004
 Revises: 0003

@@ -62,7 +62,7 @@ def save_drafter(drafter: Drafter, out_dir: str | Path, dtype: torch.dtype = tor
 def drafter_folder(path: str | Path) -> Path | None:
     """The drafter a folder holds: the folder itself when it is a drafter (config.json and *.safetensors), else
     its drafter/ when that is one (an exported artifact folder, as `draftsmith run`, the service and publishing
-    write it), else None. The one resolver (issue 34): the worker's warm starts and audits (worker/drafters.py),
+    write it), else None. The one resolver: the worker's warm starts and audits (worker/drafters.py),
     the trainer's warm start (trainer/job_config.py) and the audit (trainer/audit.py) all read a folder this way.
 
     Why this precedence. A reference names a directory; when that directory is itself a drafter it is what was

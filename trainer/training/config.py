@@ -11,7 +11,7 @@ from schemas import recipe
 from trainer.errors import DraftsmithError
 
 WARM_START_PREFIX = "drafter:"
-"""`init="drafter:/dir"` starts training from the weights of the drafter in /dir (a warm start, issue 12):
+"""`init="drafter:/dir"` starts training from the weights of the drafter in /dir (a warm start):
 one string, so it travels through RunConfig's JSON form and a launched job's spec file unchanged."""
 
 

@@ -10,7 +10,7 @@
   anchor's identity.
 - With `init="random"`: N(0, 0.02) layers and a unit final norm.
 Convolutions start as the identity and the selector as plain argmax either way (Drafter.reset_parameters).
-- With `init="drafter:DIR"` (a warm start, issue 12): every weight is the drafter in DIR's, which must have
+- With `init="drafter:DIR"` (a warm start): every weight is the drafter in DIR's, which must have
   this drafter's shape exactly (`check_warm_start` names each difference and the job field that fixes it).
   The new drafter records the new target's fingerprint; no statistics are taken (its `fc` is trained).
 """

@@ -1,6 +1,6 @@
 """`draftsmith validate`: prove a drafter lossless on held-out prompts and measure what it buys.
 
-Sized to cost little more than the drafter is worth measuring (issue 19: ~4 minutes on two CPU cores at the
+Sized to cost little more than the drafter is worth measuring (~4 minutes on two CPU cores at the
 defaults), and proportional to the job's validation settings:
 
 1. The target answers every validation prompt once, in batches (`trainer/data/regenerate.py`'s loop); its
