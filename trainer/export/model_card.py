@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 from report.engine_figures import engine_markdown, headline_engine_rows
+from schemas.bounds import file_uri_path
+from schemas.job_spec import BUNDLED_TABLE
 from schemas.validation_report import EngineRow, SamplingTest, Speedup, TargetDescription, ValidationReport
 from trainer.drafter.config import DrafterConfig
 from trainer.export.drafter_d2t import D2T_DIR
@@ -164,6 +166,19 @@ output identical to the target's alone (greedy) and distributed exactly like it 
 {serving}"""
 
 
+def serving_model(name: str) -> str:
+    """What an engine's --model takes for the target a job named: a Hub repo id (a bundled target's source repo), a
+    local folder, or TARGET where the job read it from somewhere an engine cannot load (s3://)."""
+    if name.startswith("hf://"):
+        return name.removeprefix("hf://").split("@", 1)[0]
+    if name.startswith("file://"):
+        return file_uri_path(name)
+    bundled = BUNDLED_TABLE.get(name.removeprefix("bundled:"))
+    if bundled is not None:
+        return bundled.hub_id
+    return "TARGET" if "://" in name else name
+
+
 def _serving(config: DrafterConfig, report: ValidationReport | None, names: TargetDescription, no_gguf: str | None,
              recommended: int, llama_gguf: str, vllm_folder: str) -> str:
     """The card's serving section: a command for each engine that serves this family's drafters, a line for each
@@ -179,7 +194,7 @@ measured acceptance; any size up to {config.block_size} works.
     if names.adapter:
         parts[0] += ("The target is the base with the adapter merged (peft's `merge_and_unload`): serve that merged "
                      "model where a command says MERGED_TARGET.\n")
-    target_arg = "MERGED_TARGET" if names.adapter else model
+    target_arg = "MERGED_TARGET" if names.adapter else serving_model(model)
     if "SGLang" in served:
         parts.append(f"""SGLang:
 ```bash
