@@ -61,7 +61,9 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 def lora_max_rank(adapter_dir: Path) -> int:
     """vLLM's `max_lora_rank` for the peft adapter in `adapter_dir` (its adapter_config.json's `r`)."""
-    rank = int(json.loads((Path(adapter_dir) / "adapter_config.json").read_text())["r"])
+    from trainer.targets.adapters import ADAPTER_CONFIG
+
+    rank = int(json.loads((Path(adapter_dir) / ADAPTER_CONFIG).read_text())["r"])
     for allowed in VLLM_LORA_RANKS:
         if allowed >= rank:
             return allowed
