@@ -1,9 +1,8 @@
 """Bench: tau under speculative *sampling* (temperature 1 by default), next to the greedy tau that replay gives.
 
-Greedy acceptance can be replayed against the target's known output (trainer/validation/replay.py); sampled
-acceptance cannot (each accepted token changes what the target sees next), so this runs the real decoder:
-rejection sampling against the target's distribution, one seeded generator per prompt, so two drafters are
-compared on the same prompts with the same seeds (paired bootstrap over prompts).
+The measurement is validation's own (trainer/validation/sampled_acceptance.py: the real decoder, rejection
+sampling against the target, one seeded generator per prompt), so two drafters are compared on the same prompts with
+the same seeds (paired bootstrap over prompts), and a figure here is the one report.json's `tau_sampled` gives.
 
     python -m bench.sampled_tau --drafter RUN_A/drafter --drafter RUN_B/drafter --prompts 24 [--temperature 1]
 """
@@ -16,24 +15,17 @@ from pathlib import Path
 
 
 def sampled_tau(target, drafter, prompts, temperature: float = 1.0, max_new_tokens: int = 96, seed: int = 0,
-                block_size: int | None = None) -> dict:
+                block_size: int | None = None, top_p: float = 1.0, top_k: int = 0) -> dict:
     """tau (tokens per verify pass, bonus counted) of speculative sampling on `prompts`, with per-prompt
-    (emitted, cycles) for a bootstrap."""
-    import torch
-
+    (emitted, cycles) for a bootstrap: validation's measurement, as a row of this bench."""
     from schemas.sampling import SamplingParams
-    from trainer.speculative import SpeculativeDecoder
-    from trainer.targets.chat import render_prompt
+    from trainer.validation.sampled_acceptance import sampled_acceptance
 
-    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
-    decoder = SpeculativeDecoder(target, drafter.eval(), block_size)
-    per_prompt = []
-    for index, prompt in enumerate(prompts):
-        ids = render_prompt(target.tokenizer, list(prompt.messages), params.chat_template)
-        result = decoder.generate(ids, params, generator=torch.Generator().manual_seed(seed + index))
-        per_prompt.append((sum(c.emitted for c in result.cycles), len(result.cycles)))
-    tau = sum(e for e, _ in per_prompt) / max(1, sum(c for _, c in per_prompt))
-    return {"tau": round(tau, 4), "temperature": temperature, "prompts": len(prompts), "per_prompt": per_prompt}
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                            seed=seed)
+    result = sampled_acceptance(target, drafter, prompts, params, block_size=block_size)
+    return {"tau": round(result.tau, 4), "temperature": temperature, "prompts": len(prompts),
+            "per_prompt": result.per_prompt}
 
 
 def main() -> None:
@@ -44,6 +36,8 @@ def main() -> None:
     parser.add_argument("--drafter", type=Path, action="append", required=True)
     parser.add_argument("--prompts", type=int, default=24, help="Held-out prompts of the built-in set.")
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -64,7 +58,7 @@ def main() -> None:
     for path in args.drafter:
         started = time.perf_counter()
         result = sampled_tau(target, load_drafter(path), holdout[:args.prompts], args.temperature,
-                             args.max_new_tokens)
+                             args.max_new_tokens, top_p=args.top_p, top_k=args.top_k)
         low, high = bootstrap_interval(result["per_prompt"])
         line = f"{path}: tau at T={args.temperature} {result['tau']:.3f} [{low:.3f}, {high:.3f}]"
         if first is not None:

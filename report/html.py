@@ -116,6 +116,25 @@ def _advice(report: ValidationReport) -> str:
             f"<strong>Serving advice from validation:</strong> {_e(text)}</div>")
 
 
+def _tau_cards(report: ValidationReport) -> list[tuple[str, str, str]]:
+    """τ at T=0 and at the job's own sampling parameters, each with its 95 % interval (report.json `tau_greedy`,
+    `tau_sampled`); an older report has neither card."""
+    def interval(figure) -> str:
+        low, high = (list(figure.ci95 or []) + [None, None])[:2]
+        bounds = f"95 % interval {_num(low)}–{_num(high)}, " if _num(low) != "–" and _num(high) != "–" else ""
+        return f"{bounds}{_e(figure.prompts)} prompts, {_e(figure.tokens)} tokens"
+
+    cards = []
+    greedy, sampled = report.tau_greedy, report.tau_sampled
+    if greedy is not None:
+        cards.append(("τ at T=0 (greedy)", _num(greedy.tau), interval(greedy)))
+    if sampled is not None:
+        sub = ("the job is greedy: the T=0 figure" if sampled.same_as_greedy else
+               f"speculative sampling, top-p {_e(sampled.top_p)}, top-k {_e(sampled.top_k)}; {interval(sampled)}")
+        cards.append((f"τ at the job's T={_num(sampled.temperature)}", _num(sampled.tau), sub))
+    return cards
+
+
 def _summary(report: ValidationReport) -> str:
     speed = report.speedup
     greedy, sampling = report.greedy, report.sampling
@@ -131,6 +150,7 @@ def _summary(report: ValidationReport) -> str:
     cards = [
         ("τ (mean acceptance length)", _num(tau), f"block size {_e(report.block_size)}"),
         ("oracle τ", _num(oracle), headroom),
+        *_tau_cards(report),
         ("measured speedup", _num(speed.ratio if speed else None, 3, "×"),
          f"{_num(speed.ar_tokens_per_s if speed else None, 1)} → "
          f"{_num(speed.spec_tokens_per_s if speed else None, 1)} tokens/s{interval}"),

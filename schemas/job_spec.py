@@ -299,6 +299,17 @@ class TrainingBudget(StrictModel):
         description="Learning-rate warm-up as a share of max_steps (the GPU preset's 0.04, SpecForge's); null: the "
         "trainer's fixed 30 warm-up steps (the CPU recipe's).",
     )
+    position_weighting: recipe.PositionWeighting = Field(
+        default=recipe.POSITION_WEIGHTING,
+        description="How block positions weigh in the loss: `decay` (fixed exp(-(k-1)/gamma), the DFlash paper's) or "
+        "`dpace` (D-PACE: from the drafter's own confidence, ModelOpt's and speculators' default).",
+    )
+    dpace_alpha: float = Field(default=recipe.DPACE_ALPHA, gt=0.0, lt=1.0,
+                               description="D-PACE's smoothing alpha (0.3-0.7 is stable); used with `dpace` only.")
+    acceptance_loss_weight: float = Field(
+        default=recipe.ACCEPTANCE_LOSS_WEIGHT, ge=0.0, le=100.0,
+        description="Weight of a direct expected-acceptance term beside the cross-entropy; 0 turns it off.",
+    )
 
 
 class ValidationSpec(StrictModel):

@@ -8,7 +8,9 @@ The values are the CPU main job's (SmolLM2-135M on 2 cores in ~20 minutes); scal
 
 from __future__ import annotations
 
-VARIANT = "dflash2"
+from typing import Final, Literal, get_args
+
+VARIANT: Final = "dflash2"
 """dflash2 (convolution taps + candidate selector) or dflash."""
 BLOCK_SIZE = 8
 """Tokens per draft block: the anchor and B-1 drafted tokens."""
@@ -51,11 +53,22 @@ TRAIN_ON_DRAFT_VOCAB = True
 full vocabulary's. The full head is most of a CPU training step: on this AVX2 machine a float32 step took 4.8 s
 with it and 2.5 s without (2 threads, 2026-12-02). At equal steps it cost -0.028 tau [-0.045, -0.011]
 (docs/RECIPE_STUDY.md `vocab-ce`); in a time budget it trains ~2x the steps."""
+PositionWeighting = Literal["decay", "dpace"]
+POSITION_WEIGHTINGS: tuple[PositionWeighting, ...] = get_args(PositionWeighting)
+POSITION_WEIGHTING: PositionWeighting = "decay"
+"""How block positions weigh in the drafter's loss: `decay` (the fixed exp(-(k-1)/gamma), the DFlash paper's) or
+`dpace` (D-PACE: weights from the drafter's own confidence, trainer/training/position_weights.py). Chosen by the
+recipe study (docs/RECIPE_STUDY.md `dpace*` rows): a change becomes the default only when its paired interval of
+the held-out tau ratio lies above 1."""
+DPACE_ALPHA = 0.5
+"""D-PACE's smoothing q~ = (1 - alpha) q + alpha (the paper's default; stable in 0.3-0.7)."""
+ACCEPTANCE_LOSS_WEIGHT = 0.0
+"""Weight of the direct expected-acceptance term beside the cross-entropy (0: off)."""
 GENERATION_SHARD_SIZE = 64
 """Prompts per regeneration shard: the unit the generate stage resumes from and spreads over workers
 (DRAFTSMITH_WORKER_GENERATE_WORKERS). Each shard samples with its own seed, so the shard size is part of the data's
 identity: the same seed and shard size give the same data on one worker or on many."""
-ZERO_STAGE = 2
+ZERO_STAGE: Final = 2
 """DeepSpeed ZeRO stage: 2, or 3 for drafters too large to replicate."""
 CHECKPOINT_EVERY = 200
 """Optimizer steps between resumable checkpoints (one is always written at the end and on cancellation)."""

@@ -19,24 +19,19 @@ which the dashboard reads (tests/test_validation_report.py keeps the two equal).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
+
+from schemas.work_files import LenientModel
 
 REPORT_VERSION = 1
 """The shape validation writes now; a report without `version` is version 1 (module docstring)."""
 
 
-class _Part(BaseModel):
-    """A section of report.json: unknown keys kept, every field optional."""
-
-    model_config = ConfigDict(extra="allow")
-
-    def to_json(self) -> dict[str, Any]:
-        """The section as report.json holds it: the fields that were set (an older report stays as it was), JSON
-        types (block sizes as string keys)."""
-        return self.model_dump(mode="json", exclude_unset=True)
+class _Part(LenientModel):
+    """A section of report.json: unknown keys kept, every field optional; `to_json()` is the section as report.json
+    holds it (the fields that were set, so an older report stays as it was; block sizes as string keys)."""
 
 
 class AcceptanceAtPosition(_Part):
@@ -53,6 +48,25 @@ class AcceptanceAtPosition(_Part):
 class CategoryAcceptance(_Part):
     tau: float | None = None
     cycles: int | None = None
+
+
+class TauAtTemperature(_Part):
+    """Mean acceptance length at one set of sampling parameters, on the validation prompts, with a 95 % percentile
+    bootstrap interval over prompts (trainer/validation/sampled_acceptance.py `tau_figure`)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    tau: float | None = Field(default=None, description="Tokens per verify pass, bonus token counted: 1 to block_size.")
+    ci95: list[float] | None = Field(default=None, description="95 % bootstrap interval of tau, prompts resampled.")
+    prompts: int | None = None
+    tokens: int | None = Field(default=None, description="Tokens emitted over all prompts.")
+    cycles: int | None = None
+    block_size: int | None = None
+    seed: int | None = None
+    measured_by: str | None = None
+    same_as_greedy: bool | None = Field(default=None, description="The job is greedy (temperature 0): this is the "
+                                        "T=0 figure, not measured a second time.")
 
 
 class StepCosts(_Part):
@@ -112,7 +126,9 @@ class SamplingTest(_Part):
         reports' `passed` flag."""
         if self.status in ("passed", "failed", "inconclusive"):
             return self.status
-        return {True: "passed", False: "failed"}.get(self.passed, "")
+        if self.passed is None:
+            return ""
+        return "passed" if self.passed else "failed"
 
 
 class Lossless(_Part):
@@ -220,6 +236,18 @@ class EngineFigures(_Part):
     prompt_ids: list[str] | None = None
 
 
+class TrainingObjective(_Part):
+    """What the drafter was trained to optimise (trainer/training/objective.py, position_weights.py)."""
+
+    position_weighting: str | None = Field(default=None, description="`decay` (fixed exp(-(k-1)/gamma)) or `dpace` "
+                                           "(D-PACE: weights from the drafter's own confidence).")
+    decay_gamma: float | None = Field(default=None, description="gamma of the fixed decay (with `decay`).")
+    dpace_alpha: float | None = Field(default=None, description="D-PACE's smoothing alpha (with `dpace`).")
+    acceptance_loss_weight: float | None = Field(default=None, description="Weight of the expected-acceptance "
+                                                 "term beside the cross-entropy; 0: off.")
+    summary: str | None = Field(default=None, description="One line for the model card.")
+
+
 class TargetDescription(_Part):
     """The target the drafter was made for: as the job named it, and what its family is
     (trainer/targets/families.py `describe`)."""
@@ -253,6 +281,10 @@ class ValidationReport(_Part):
     passed: bool | None = Field(default=None, description="Lossless: the drafter may be published.")
     block_size: int | None = Field(default=None, description="The trained block size.")
     tau: float | None = Field(default=None, description="Mean acceptance length at the trained block size.")
+    tau_greedy: TauAtTemperature | None = Field(default=None, description="tau at T=0, by replay of the target's "
+                                                "greedy output.")
+    tau_sampled: TauAtTemperature | None = Field(default=None, description="tau at the job's own sampling parameters, "
+                                                 "measured by speculative sampling (the T=0 figure for a greedy job).")
     tau_per_position: list[float | None] | None = None
     acceptance_by_position: list[AcceptanceAtPosition] | None = None
     acceptance_by_category: dict[str, CategoryAcceptance] | None = None
@@ -272,34 +304,14 @@ class ValidationReport(_Part):
     validation_max_new_tokens: int | None = None
     target_fingerprint: str | None = None
     target: TargetDescription | None = None
+    training_objective: TrainingObjective | None = None
     device: DeviceDescription | None = None
     greedy_gate: GreedyGate | None = None
     warm_start: WarmStart | None = None
     engines: EngineFigures | None = None
 
-    @classmethod
-    def read(cls, data: Mapping[str, Any] | ValidationReport | None) -> ValidationReport:
-        """A report from report.json's object (or None: an empty report), dropping any top-level field whose
-        value does not fit (module docstring: reading is lenient)."""
-        if isinstance(data, ValidationReport):
-            return data
-        fields = dict(data) if isinstance(data, Mapping) else {}
-        while True:
-            try:
-                return cls.model_validate(fields)
-            except ValidationError as error:
-                bad = {e["loc"][0] for e in error.errors() if e["loc"] and e["loc"][0] in fields}
-                if not bad:
-                    raise
-                for name in bad:
-                    del fields[name]
-
-    @classmethod
-    def load(cls, path) -> ValidationReport:
-        """A report.json file, read leniently."""
-        from pathlib import Path
-
-        return cls.read(json.loads(Path(path).read_text()))
+    # `read` (a report from report.json's object, or None: an empty one) and `load` (a report.json file) are the
+    # work files' lenient reader (schemas/work_files.py LenientModel), one rule for every file a stage leaves.
 
     @property
     def greedy(self) -> GreedyCheck:

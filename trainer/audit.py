@@ -1,7 +1,7 @@
 """Drift audit: how an existing drafter does against a (new) target checkpoint, and what to do about it.
 
-    report = audit_drafter(target, "drafter/", prompts, params, reference_tau=1.33)
-    report["recommendation"]["action"]     # keep | warm_start | retrain
+    result = audit_drafter(target, "drafter/", prompts, params, reference_tau=1.33)
+    result.recommendation.action            # keep | warm_start | retrain (an AuditResult: schemas/audit.py)
 
 Customers fine-tune their model again and again; a drafter trained for last month's checkpoint silently loses
 acceptance on this month's. An audit measures the drafter against the new checkpoint the way validation
@@ -34,14 +34,14 @@ from pathlib import Path
 
 import torch
 
-from schemas.audit import AuditSpec, AuditThresholds
+from schemas.audit import (AuditLossless, AuditRecommendation, AuditReference, AuditResult, AuditSpec,
+                           AuditThresholds, Compatibility, FieldFit, FingerprintFit, LayerFit)
 from schemas.sampling import SamplingParams
 from schemas.validation_report import ValidationReport
 from trainer.data.prompts import Prompt
 from trainer.drafter.checkpoint import drafter_folder, load_drafter
 from trainer.drafter.model import Drafter
 from trainer.errors import DraftsmithError
-from trainer.sampling import seeded_generator
 from trainer.targets.loading import Target
 from trainer.training.init import IncompatibleDrafter
 
@@ -58,19 +58,18 @@ def drafter_directory(path: str | Path) -> tuple[Path, Path | None]:
     return folder, report if report.is_file() else None
 
 
-def compatibility(target: Target, drafter: Drafter) -> dict:
+def compatibility(target: Target, drafter: Drafter) -> Compatibility:
     """What the drafter was built for against what the target is, field by field."""
     c = drafter.config
-    return {
-        "hidden_size": {"drafter": c.hidden_size, "target": target.hidden_size,
-                        "ok": c.hidden_size == target.hidden_size},
-        "vocab_size": {"drafter": c.vocab_size, "target": target.vocab_size, "ok": c.vocab_size == target.vocab_size},
-        "target_layers": {"drafter_taps": list(c.target_layer_ids), "drafter_built_for": c.num_target_layers,
-                          "target": target.num_layers,
-                          "ok": c.num_target_layers == target.num_layers and max(c.target_layer_ids) < target.num_layers},
-        "fingerprint": {"drafter": c.target_fingerprint, "target": target.fingerprint,
-                        "same": c.target_fingerprint in (None, target.fingerprint)},
-    }
+    return Compatibility(
+        hidden_size=FieldFit(drafter=c.hidden_size, target=target.hidden_size, ok=c.hidden_size == target.hidden_size),
+        vocab_size=FieldFit(drafter=c.vocab_size, target=target.vocab_size, ok=c.vocab_size == target.vocab_size),
+        target_layers=LayerFit(drafter_taps=list(c.target_layer_ids), drafter_built_for=c.num_target_layers,
+                               target=target.num_layers, ok=c.num_target_layers == target.num_layers
+                               and max(c.target_layer_ids) < target.num_layers),
+        fingerprint=FingerprintFit(drafter=c.target_fingerprint, target=target.fingerprint,
+                                   same=c.target_fingerprint in (None, target.fingerprint)),
+    )
 
 
 def as_measured(drafter: Drafter) -> Drafter:
@@ -92,7 +91,7 @@ def check_fits(target: Target, drafter: Drafter) -> None:
 
 
 def recommend(tau: float, reference_tau: float | None, *, lossless: bool, same_fingerprint: bool,
-              thresholds: AuditThresholds) -> dict:
+              thresholds: AuditThresholds) -> AuditRecommendation:
     ratio = None
     if reference_tau is not None and reference_tau > 1.0 + 1e-9:
         ratio = round((tau - 1.0) / (reference_tau - 1.0), 4)
@@ -117,13 +116,13 @@ def recommend(tau: float, reference_tau: float | None, *, lossless: bool, same_f
     else:
         action, reason = "retrain", (f"keeps only {max(ratio, 0):.0%} of its acceptance gain (tau {tau:.3f} vs "
                                      f"{reference_tau:.3f}); below {thresholds.warm_start_min_gain_ratio:.0%}")
-    return {"action": action, "reason": reason, "gain_ratio": ratio, "thresholds": thresholds.model_dump()}
+    return AuditRecommendation(action=action, reason=reason, gain_ratio=ratio, thresholds=thresholds.model_dump())
 
 
 def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt], params: SamplingParams, *,
                   max_new_tokens: int, sampling_draws: int, reference_tau: float | None = None,
                   thresholds: AuditThresholds = AuditThresholds(),
-                  on_progress: Callable[[int, int, str], None] | None = None, device_plan=None) -> dict:
+                  on_progress: Callable[[int, int, str], None] | None = None, device_plan=None) -> AuditResult:
     """Measure the drafter at `drafter_path` against `target` on `prompts`; see the module docstring.
     `reference_tau`: its tau on its own target; None reads the report.json beside it, if any.
     Raises IncompatibleDrafter (naming the mismatch) when it cannot run against this target at all."""
@@ -142,33 +141,33 @@ def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt
         raise DraftsmithError("the audit has no prompts to measure on; give a prompts source with a hold-out")
     report = validate(target, drafter, prompts, params, max_new_tokens=max_new_tokens,
                       sampling_draws=sampling_draws, on_progress=on_progress, device_plan=device_plan)
-    same = fits["fingerprint"]["same"]
-    return {
-        "compatible": True,
-        "compatibility": fits,
-        "lossless": {"passed": report.passed, **report.lossless.to_json()},
-        "tau": report.tau,
-        "tau_per_position": report.tau_per_position,
-        "acceptance_by_category": {name: c.to_json() for name, c in report.acceptance_by_category.items()},
-        "oracle_tau": report.oracle_tau,
-        "block_size": report.block_size,
-        "recommended_block_size": report.recommended_block_size,
-        "speedup": report.speedup.to_json(),
-        "reference": {"tau": reference_tau, "source": reference_source,
-                      "delta": None if reference_tau is None else round(report.tau - reference_tau, 4)},
-        "recommendation": recommend(report.tau, reference_tau, lossless=report.passed, same_fingerprint=same,
-                                    thresholds=thresholds),
-        "prompts": len(prompts),
-        "sampling_parameters": params.model_dump(mode="json"),
-        "validation_max_new_tokens": max_new_tokens,
-        "target_fingerprint": target.fingerprint,
-        "device": report.device.to_json(),
-        "greedy_gate": report.greedy_gate.to_json(),
-        "tokens_generated": validation_tokens(len(prompts), max_new_tokens, sampling_draws,
-                                              every_prompt=report.greedy_gate.every_prompt,
-                                              shaped_reference=report.greedy_gate.verify_width > 1).total,
-        "minutes": round((time.perf_counter() - started) / 60, 2),
-    }
+    same = bool(fits.fingerprint and fits.fingerprint.same)
+    return AuditResult.written(
+        compatible=True,
+        compatibility=fits,
+        lossless=AuditLossless.read({"passed": report.passed, **report.lossless.to_json()}),
+        tau=report.tau,
+        tau_per_position=report.tau_per_position,
+        acceptance_by_category=report.acceptance_by_category,
+        oracle_tau=report.oracle_tau,
+        block_size=report.block_size,
+        recommended_block_size=report.recommended_block_size,
+        speedup=report.speedup,
+        reference=AuditReference(tau=reference_tau, source=reference_source,
+                                 delta=None if reference_tau is None else round(report.tau - reference_tau, 4)),
+        recommendation=recommend(report.tau, reference_tau, lossless=report.passed, same_fingerprint=same,
+                                 thresholds=thresholds),
+        prompts=len(prompts),
+        sampling_parameters=params.model_dump(mode="json"),
+        validation_max_new_tokens=max_new_tokens,
+        target_fingerprint=target.fingerprint,
+        device=report.device,
+        greedy_gate=report.greedy_gate,
+        tokens_generated=validation_tokens(len(prompts), max_new_tokens, sampling_draws,
+                                           every_prompt=report.greedy_gate.every_prompt,
+                                           shaped_reference=report.greedy_gate.verify_width > 1).total,
+        minutes=round((time.perf_counter() - started) / 60, 2),
+    )
 
 
 @torch.inference_mode()
@@ -176,22 +175,15 @@ def measure_tau(target: Target, drafter: Drafter, prompts: list[Prompt], params:
                 max_new_tokens: int) -> dict:
     """Held-out tau the way validation's first pass measures it: greedy jobs by replaying the drafter against the
     target's own output, sampling jobs by speculative sampling at the job's parameters."""
-    from trainer.speculative import SpeculativeDecoder
-    from trainer.targets.chat import render_prompt
-    from trainer.validation.acceptance import CategoryStats
     from trainer.validation.replay import greedy_references, replay_acceptance
+    from trainer.validation.sampled_acceptance import sampled_acceptance
 
     if params.greedy:
         references = greedy_references(target, prompts, params, max_new_tokens, list(drafter.config.target_layer_ids))
         stats = replay_acceptance(target, drafter, references).stats
     else:
-        decoder = SpeculativeDecoder(target, drafter)
-        stats = CategoryStats(drafter.config.block_size)
         serving = params.model_copy(update={"max_new_tokens": max_new_tokens})
-        for index, prompt in enumerate(prompts):
-            ids = render_prompt(target.tokenizer, list(prompt.messages), params.chat_template)
-            got = decoder.generate(ids, serving, generator=seeded_generator(params.seed + index, target.device))
-            stats.add(prompt.category, got.tokens, got.cycles)
+        stats = sampled_acceptance(target, drafter, prompts, serving).stats
     return {"tau": round(stats.overall.tau, 4),
             "tau_per_position": [None if a is None else round(a, 4) for a in stats.overall.per_position],
             "acceptance_by_category": stats.acceptance_by_category()}
@@ -221,7 +213,7 @@ def audit_prompts(source: str, spec: AuditSpec) -> list[Prompt]:
 
 def run_audit(spec: AuditSpec, *, target: str, drafter: str, prompts: str = "builtin",
               on_progress: Callable[[int, int, str], None] | None = None, device: str = "auto",
-              dtype: str = "auto", base: str | None = None) -> dict:
+              dtype: str = "auto", base: str | None = None) -> AuditResult:
     """An audit from end to end, as `draftsmith audit` runs it here and the worker runs it for the service.
     `spec` is resolved (schemas.audit.resolved); `target`, `drafter`, `prompts` are local paths (or a bundled
     target name / `builtin`) the caller fetched from the spec's URIs. `device`, `dtype`: where the target runs

@@ -186,7 +186,7 @@ def parse_layers(target_layers: str | None) -> tuple[int, ...] | None:
     try:
         return tuple(int(x) for x in target_layers.split(","))
     except ValueError:
-        raise click.BadParameter(f"--target-layers {target_layers!r}: give comma-separated layer ids, e.g. 1,14,27")
+        raise click.BadParameter(f"--target-layers {target_layers!r}: give comma-separated layer ids, e.g. 1,14,27") from None
 
 
 @click.command()
@@ -245,6 +245,10 @@ def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, ta
 @click.option("--lr", default=train_default("lr"), show_default=True)
 @click.option("--warmup-steps", default=train_default("warmup_steps"), show_default=True)
 @click.option("--zero-stage", type=click.Choice(["2", "3"]), default=str(recipe.ZERO_STAGE), show_default=True)
+@click.option("--position-weighting", type=click.Choice(recipe.POSITION_WEIGHTINGS),
+              default=train_default("position_weighting"), show_default=True, help="dpace = D-PACE.")
+@click.option("--dpace-alpha", default=train_default("dpace_alpha"), show_default=True)
+@click.option("--acceptance-loss-weight", default=train_default("acceptance_loss_weight"), show_default=True)
 @click.option("--checkpoint-every", default=train_default("checkpoint_every"), show_default=True)
 @click.option("--init", type=click.Choice(["target", "random"]), default=train_default("init"), show_default=True)
 @click.option("--seed", default=recipe.SEED, show_default=True)

@@ -177,6 +177,11 @@ def parse_spec(body: dict):
               help=f"Default {recipe.ANCHORS_PER_SEQUENCE}.")
 @click.option("--lr", type=float, default=None, help=f"Default {recipe.LEARNING_RATE}.")
 @click.option("--zero-stage", type=click.Choice(["2", "3"]), default=None, help=f"Default {recipe.ZERO_STAGE}.")
+@click.option("--position-weighting", type=click.Choice(recipe.POSITION_WEIGHTINGS), default=None,
+              help=f"How block positions weigh in the loss (default {recipe.POSITION_WEIGHTING}): dpace = D-PACE.")
+@click.option("--dpace-alpha", type=float, default=None, help=f"D-PACE's smoothing (default {recipe.DPACE_ALPHA}).")
+@click.option("--acceptance-loss-weight", type=float, default=None,
+              help=f"Expected-acceptance term's weight (default {recipe.ACCEPTANCE_LOSS_WEIGHT}: off).")
 @click.option("--allow-pickle", is_flag=True, default=None, help="Accept pickle (*.bin) target weights.")
 @click.option("--init", type=click.Choice(["target", "random"]), default=train_default("init"), show_default=True)
 @click.option("--nproc", default=1, show_default=True, help="Training processes (CPU: gloo; GPU: one per device).")
@@ -198,7 +203,7 @@ def parse_spec(body: dict):
 @user_errors
 def run(target_spec, base_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, variant, num_layers, block_size,
         target_layers, mask_token_id, steps, train_minutes, batch_size, anchors_per_sequence, lr, zero_stage,
-        allow_pickle, init, nproc, generation_batch_size, preset, budget_minutes, validation_prompts,
+        position_weighting, dpace_alpha, acceptance_loss_weight, allow_pickle, init, nproc, generation_batch_size, preset, budget_minutes, validation_prompts,
         validation_max_new_tokens, sampling_draws, device, dtype, **sampling) -> None:
     """Train, prove and package a drafter end to end: prepare, generate, train, validate, export."""
     from trainer.job_config import run_config_from_spec
@@ -213,6 +218,8 @@ def run(target_spec, base_spec, out_dir, spec_file, resume, prompts, num_prompts
         "training.max_steps": steps, "training.max_minutes": train_minutes, "training.batch_size": batch_size,
         "training.anchors_per_sequence": anchors_per_sequence, "training.learning_rate": lr,
         "training.zero_stage": int(zero_stage) if zero_stage else None, "target.allow_pickle": allow_pickle,
+        "training.position_weighting": position_weighting, "training.dpace_alpha": dpace_alpha,
+        "training.acceptance_loss_weight": acceptance_loss_weight,
         "validation.prompts": validation_prompts, "validation.max_new_tokens": validation_max_new_tokens,
         "validation.sampling_draws": sampling_draws, "compute.device": device, "compute.dtype": dtype,
     }

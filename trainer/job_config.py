@@ -53,6 +53,8 @@ def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin"
         train=TrainConfig(steps=training.max_steps, max_minutes=training.max_minutes, lr=training.learning_rate,
                           batch_size=training.batch_size, anchors_per_sequence=training.anchors_per_sequence,
                           zero_stage=training.zero_stage, checkpoint_every=training.checkpoint_every,
+                          position_weighting=training.position_weighting, dpace_alpha=training.dpace_alpha,
+                          acceptance_loss_weight=training.acceptance_loss_weight,
                           seed=spec.sampling.seed, **extra),
         validation_prompts=spec.validation.prompts,
         validation_max_new_tokens=spec.validation.max_new_tokens,

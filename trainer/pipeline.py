@@ -19,25 +19,36 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from schemas import recipe
 from schemas.sampling import SamplingParams
 from schemas.stages import GENERATE_BACKENDS, LOCAL_STAGES, Stage
-from schemas.validation_report import EngineFigures, TargetDescription, ValidationReport, WarmStart
+from schemas.work_files import PreparedParent, PreparedTarget
+from schemas.validation_report import EngineFigures, TargetDescription, TrainingObjective, ValidationReport, WarmStart
 from trainer.atomic import atomic_write_json
 from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.training.config import TrainConfig
-from trainer.training.distributed import LAUNCHER_VARIABLES  # noqa: F401  (public: callers that start ranks)
 from trainer.validation import SAMPLING_DRAWS, VALIDATION_MAX_NEW_TOKENS, VALIDATION_PROMPTS
 
 if TYPE_CHECKING:  # torch is imported by the stages that use it, not by this module's importers
     from trainer.data.regenerate import ResponseBackend, ShardPlan
     from trainer.device import DevicePlan
+
+
+def __getattr__(name: str):
+    """`LAUNCHER_VARIABLES` (public: callers that start ranks), read on first use: trainer/training/distributed.py,
+    which defines it, imports torch, and importing this module must not (tests/test_layout.py)."""
+    if name == "LAUNCHER_VARIABLES":
+        from trainer.training.distributed import LAUNCHER_VARIABLES
+
+        return LAUNCHER_VARIABLES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 Progress = Callable[[str, float, str], None]
 """(stage, fraction of the stage done in [0, 1], detail). The one progress unit of the trainer."""
@@ -197,14 +208,25 @@ def parent_drafter_config(config: RunConfig):
     return read_drafter_config(config.train.parent_drafter)
 
 
-def drafter_config_for(config: RunConfig, target, prepared: dict):
+def read_prepared(prepared: PreparedTarget | Mapping[str, Any], where: object = "prepare.json") -> PreparedTarget:
+    """prepare.json's content, read leniently (schemas/work_files.py), with the two decisions the later stages
+    cannot do without: a file that lacks them is prepare's to write again, not a guess of ours."""
+    read = PreparedTarget.read(prepared)
+    missing = [name for name in ("mask_token_id", "tap_layer_ids") if getattr(read, name) is None]
+    if missing:
+        raise DraftsmithError(f"{where} has no usable {' or '.join(missing)}: run the prepare stage again")
+    return read
+
+
+def drafter_config_for(config: RunConfig, target, prepared: PreparedTarget | Mapping[str, Any]):
     """The drafter's shape: the job's variant, depth and block size on the target, with prepare's mask token
     and taps. The one place a DrafterConfig is built from a job."""
     from trainer.drafter.config import DrafterConfig
 
+    decided = read_prepared(prepared)
     return DrafterConfig.for_target(target, variant=config.variant, num_layers=config.num_layers,
-                                    block_size=config.block_size, mask_token_id=prepared["mask_token_id"],
-                                    target_layer_ids=prepared["tap_layer_ids"])
+                                    block_size=config.block_size, mask_token_id=decided.mask_token_id,
+                                    target_layer_ids=decided.tap_layer_ids)
 
 
 @contextmanager
@@ -253,10 +275,10 @@ class JobStages:
         prompts = draw_prompts(self.config.prompts, self.config.num_prompts, self.config.sampling.seed)
         return split_prompts(prompts, self.config.holdout, self.config.sampling.seed)
 
-    def prepared(self) -> dict:
+    def prepared(self) -> PreparedTarget:
         if not self.layout.prepared.is_file():
             raise DraftsmithError(f"{self.layout.prepared} is missing: run the prepare stage first")
-        return json.loads(self.layout.prepared.read_text())
+        return read_prepared(PreparedTarget.load(self.layout.prepared), self.layout.prepared)
 
     def prepare(self) -> dict:
         from trainer.drafter.config import default_target_layer_ids
@@ -273,20 +295,22 @@ class JobStages:
             if c.mask_token_id is None:
                 mask_token_id, reason = parent.mask_token_id, "the parent drafter's (warm start)"
             taps = list(c.target_layer_ids or parent.target_layer_ids)
-        prepared = {"target_path": str(target.path), "fingerprint": target.fingerprint,
-                    "adapter_path": None if target.adapter_path is None else str(target.adapter_path),
-                    "mask_token_id": mask_token_id, "mask_token_rule": reason, "tap_layer_ids": taps,
-                    "train_prompts": len(train_prompts), "holdout_prompts": len(holdout)}
+        prepared = PreparedTarget.written(
+            target_path=str(target.path), fingerprint=target.fingerprint,
+            adapter_path=None if target.adapter_path is None else str(target.adapter_path),
+            mask_token_id=mask_token_id, mask_token_rule=reason, tap_layer_ids=taps,
+            train_prompts=len(train_prompts), holdout_prompts=len(holdout))
         shape = drafter_config_for(c, target, prepared)  # validates the drafter's shape (taps in range, mask id) now
         if parent is not None:
             from trainer.training.init import check_warm_start
 
             check_warm_start(parent, shape, c.train.parent_drafter)  # refused here, before any compute
-            prepared["parent_drafter"] = {"path": c.train.parent_drafter,
-                                          "target_fingerprint": parent.target_fingerprint}
-        atomic_write_json(self.layout.prepared, prepared)
+            prepared.parent_drafter = PreparedParent(path=c.train.parent_drafter,
+                                                     target_fingerprint=parent.target_fingerprint)
+        atomic_write_json(self.layout.prepared, prepared.to_json())
         self.hooks.on_saved(self.layout.prepared)
-        return {**prepared, "device": self.plan.describe()}
+        summary = {k: v for k, v in prepared.to_json().items() if k != "version"}
+        return {**summary, "device": self.plan.describe()}
 
     def generate(self) -> dict:
         from trainer.data.regenerate import regenerate
@@ -299,7 +323,7 @@ class JobStages:
 
         with response_backend(self.launch.generate_backend, self.target) as backend:
             store = regenerate(self.target, train_prompts, self.config.sampling, self.layout.data,
-                               tap_layer_ids=self.prepared()["tap_layer_ids"],
+                               tap_layer_ids=self.prepared().tap_layer_ids,
                                cache_budget_bytes=self.config.cache_budget_mb << 20,
                                shard_size=self.config.generation_shard_size,
                                batch_size=self.config.generation_batch_size, on_progress=on_progress,
@@ -345,6 +369,7 @@ class JobStages:
 
     def validate(self) -> dict:
         from trainer.drafter.checkpoint import load_drafter
+        from trainer.training.position_weights import describe_objective
         from trainer.validation.report import require_passed, validate
 
         _, holdout = self.prompts()
@@ -373,6 +398,8 @@ class JobStages:
                 work_dir=self.layout.report.parent / "engines", engines=self.config.engines,
                 num_speculative_tokens=report.recommended_block_size - 1, should_stop=self.hooks.should_stop))
         report.target = self.target_description()
+        report.training_objective = TrainingObjective.model_validate(
+            describe_objective(self.config.train, self.config.block_size))
         atomic_write_json(self.layout.report, report.to_json())
         self.hooks.on_saved(self.layout.report)
         require_passed(report)  # a drafter that changes the output is never exported

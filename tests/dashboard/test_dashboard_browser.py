@@ -476,3 +476,30 @@ def test_validation_advice_and_an_untested_sampling_check_are_said_plainly(finis
     expect(banner).to_contain_text("Validation advises against serving all of these drafters")
     expect(page.locator('#compare-table [data-col="advice"]').first).to_have_text(
         "do not enable on hardware like the validation machine")
+
+
+def test_tau_at_t0_and_at_the_jobs_temperature_show_with_their_intervals(page, dashboard):
+    report = sample_report()  # a report.json of today adds both figures (trainer/validation/sampled_acceptance.py)
+    common = {"prompts": 12, "block_size": report["block_size"], "seed": 0}
+    greedy = {**common, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "tau": report["tau"], "ci95": [1.1861, 1.2544],
+              "tokens": 701, "cycles": 575}
+    sampled = {**common, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "tau": 1.1532, "ci95": [1.1013, 1.2087],
+               "tokens": 668, "cycles": 579, "same_as_greedy": False}
+    job = dashboard.create_job({"target": {"uri": "bundled:smollm2-135m"}, "name": "tau at two temperatures"})
+    dashboard.driver.run_to_success(job["id"], {**report, "tau_greedy": greedy, "tau_sampled": sampled})
+    sign_in(page, dashboard.key, f"/#/jobs/{job['id']}")
+    at_zero = page.locator('[data-figure="tau-greedy"]')
+    expect(at_zero.locator(".value")).to_have_text(f"{round(greedy['tau'], 3):g}")
+    expect(at_zero).to_contain_text("95 % interval 1.186–1.254, 12 prompts, 701 tokens")
+    at_job = page.locator('[data-figure="tau-sampled"]')
+    expect(at_job.locator(".label")).to_have_text("τ at the job's T=0.7")
+    expect(at_job.locator(".value")).to_have_text("1.153")
+    expect(at_job).to_contain_text("speculative sampling, top-p 0.9, top-k 40; 95 % interval 1.101–1.209")
+    assert_accessible(page, "a report with both acceptance figures")
+
+    greedy_job = dashboard.create_job({"target": {"uri": "bundled:smollm2-135m"}, "name": "greedy job"})
+    same = {**greedy, "same_as_greedy": True}
+    dashboard.driver.run_to_success(greedy_job["id"], {**report, "tau_greedy": greedy, "tau_sampled": same})
+    page.goto(f"/#/jobs/{greedy_job['id']}")
+    expect(page.locator('[data-figure="tau-sampled"]')).to_contain_text("the job is greedy: the T=0 figure")
+    expect(page.locator('[data-figure="tau-sampled"] .label')).to_have_text("τ at the job's T=0")

@@ -5,8 +5,6 @@ when asked (training with a checkpoint) and pick up where they stopped."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 
 import pytest
 from click.testing import CliRunner
@@ -38,8 +36,6 @@ from trainer.targets import load_target
 from trainer.training.config import TrainConfig
 from trainer.training.loop import Trainer
 
-sys.path.insert(0, os.path.dirname(__file__))
-
 # A valid, non-default value for every field of the spec sections that shape the ML work. A new field
 # must be added here (the coverage check below fails otherwise) and mapped in trainer/job_config.py.
 CHANGES = {
@@ -50,7 +46,8 @@ CHANGES = {
                 "mask_token_id": 11},
     "data": {"count": 200, "holdout_share": 0.2, "shard_size": 16},
     "training": {"max_steps": 1234, "max_minutes": 30.0, "learning_rate": 1e-4, "batch_size": 8,
-                 "anchors_per_sequence": 32, "checkpoint_every": 50, "zero_stage": 3, "warmup_share": 0.1},
+                 "anchors_per_sequence": 32, "checkpoint_every": 50, "zero_stage": 3, "warmup_share": 0.1,
+                 "position_weighting": "dpace", "dpace_alpha": 0.3, "acceptance_loss_weight": 0.5},
     "validation": {"prompts": 64, "max_new_tokens": 48, "sampling_draws": 1000},
     "compute": {"device": "cuda:1", "dtype": "float32"},
     "init": {"from_drafter": "file:///drafters/base"},  # a warm start (issue 12): resolved paths map as file:// does

@@ -24,8 +24,6 @@ from trainer.training.blocks import build_blocks
 from trainer.training.config import TrainConfig
 from trainer.training.loop import Trainer
 
-sys.path.insert(0, os.path.dirname(__file__))
-
 
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):

@@ -7,7 +7,8 @@ import json
 from report.engine_figures import engine_markdown, headline_engine_rows
 from schemas.bounds import file_uri_path
 from schemas.job_spec import BUNDLED_TABLE
-from schemas.validation_report import EngineRow, SamplingTest, Speedup, TargetDescription, ValidationReport
+from schemas.validation_report import (EngineRow, SamplingTest, Speedup, TargetDescription, TauAtTemperature,
+                                       ValidationReport)
 from trainer.drafter.config import DrafterConfig
 from trainer.export.drafter_d2t import D2T_DIR
 from trainer.targets.loading import Target
@@ -23,6 +24,7 @@ def _figures(report: ValidationReport | None) -> str:
     lines = [
         "| measure | value |", "|---|---|",
         f"| mean acceptance length tau (bonus token counted) | {report.tau} |",
+        *_tau_rows(report),
         f"| oracle tau (gold token anywhere in the top-K) | {report.oracle_tau} |",
         f"| per-position conditional acceptance | {', '.join(str(a) for a in report.tau_per_position or [])} |",
         f"| lossless, greedy | {greedy.mismatches} mismatches over {greedy.prompts} prompts |",
@@ -49,6 +51,29 @@ def _figures(report: ValidationReport | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _tau_rows(report: ValidationReport) -> list[str]:
+    """tau at T=0 and at the job's own sampling parameters, each with its interval (report.json `tau_greedy`,
+    `tau_sampled`); reports written before both were measured have neither row."""
+    rows = []
+    greedy, sampled = report.tau_greedy, report.tau_sampled
+    if greedy and greedy.tau is not None:
+        rows.append(f"| tau at T=0 (greedy, replayed) | {_tau_value(greedy)} |")
+    if sampled and sampled.tau is not None:
+        if sampled.same_as_greedy:
+            rows.append(f"| tau at the job's temperature (T={sampled.temperature}) | {sampled.tau}: the job is greedy, "
+                        "so this is the T=0 figure |")
+        else:
+            rows.append(f"| tau at the job's temperature (T={sampled.temperature}, top-p {sampled.top_p}, top-k "
+                        f"{sampled.top_k}; speculative sampling, measured) | {_tau_value(sampled)} |")
+    return rows
+
+
+def _tau_value(figure: TauAtTemperature) -> str:
+    ci = figure.ci95 or []
+    interval = f" (95 % interval {ci[0]}-{ci[1]})" if len(ci) == 2 else ""
+    return f"{figure.tau}{interval}, {figure.prompts} prompts, {figure.tokens} tokens"
+
+
 def _device_rows(report: ValidationReport) -> list[str]:
     """Where it was validated (trainer/device.py's plan) and what the greedy check compared (report.py's gate);
     reports written before either was recorded have neither row."""
@@ -70,6 +95,8 @@ def _interval(ci) -> str:
 def _sampling_line(sampling: SamplingTest) -> str:
     if sampling.status == "inconclusive":
         return f"not tested: {sampling.reason}"
+    if sampling.p_value is None:  # a report that predates the p-value: its verdict is all it says
+        return sampling.verdict() or "not recorded"
     return f"p = {sampling.p_value:.3g} ({sampling.draws} draws; {sampling.test})"
 
 
@@ -87,6 +114,14 @@ def _llama_command(report: ValidationReport | None, llama_gguf: str, recommended
     if best:
         return best.command.replace("target-f16.gguf", "target.gguf").replace("target-q4_1.gguf", "target.gguf")
     return f"llama-server -m target.gguf -md ./{llama_gguf} --spec-type draft-dflash --spec-draft-n-max {recommended - 1}"
+
+
+def _objective_line(report: ValidationReport | None) -> str:
+    """The card's line on what training optimised (report.json `training_objective`), or nothing for an older report."""
+    objective = report.training_objective if report else None
+    if objective is None or not objective.summary:
+        return ""
+    return f"- trained with: {objective.summary}\n"
 
 
 def _family_line(names: TargetDescription) -> str:
@@ -147,7 +182,7 @@ output identical to the target's alone (greedy) and distributed exactly like it 
 - drafter: {config.num_layers} layers, hidden size {config.hidden_size}, block size {block}, mask token id
   {config.mask_token_id}
 {_family_line(names)}
-- files: `drafter/` (reference `dflash` format, safetensors, full head), {gguf_files}{vocab_files}
+{_objective_line(report)}- files: `drafter/` (reference `dflash` format, safetensors, full head), {gguf_files}{vocab_files}
 
 ## Sampling parameters it was trained and validated for
 

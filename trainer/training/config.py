@@ -37,6 +37,13 @@ class TrainConfig:
     grad_clip: float = 1.0
     loss_decay_gamma: float | None = None
     """exp(-(k-1)/gamma) position weights; None picks the DFlash paper's value for the block size."""
+    position_weighting: recipe.PositionWeighting = recipe.POSITION_WEIGHTING
+    """`decay` (exp(-(k-1)/gamma), gamma below) or `dpace` (D-PACE: weights from the drafter's own confidence,
+    detached; a DFlash 2 top-K miss counts as a miss, never as padding). trainer/training/position_weights.py."""
+    dpace_alpha: float = recipe.DPACE_ALPHA
+    """D-PACE's smoothing alpha in q~ = (1 - alpha) exp(-CE) + alpha."""
+    acceptance_loss_weight: float = recipe.ACCEPTANCE_LOSS_WEIGHT
+    """Weight of minus the expected accepted positions per block position (0: off), beside the cross-entropy."""
     selector_loss_weight: float = 1.0
     kl_weight: float = 0.0
     """Share of the target's own top-k distribution in each position's cross-entropy target (the rest is
@@ -80,6 +87,8 @@ class TrainConfig:
             "warmup_steps": self.warmup_steps >= 0, "min_lr_ratio": 0 <= self.min_lr_ratio <= 1,
             "checkpoint_every": self.checkpoint_every >= 1, "zero_stage": self.zero_stage in (2, 3),
             "max_minutes": self.max_minutes is None or self.max_minutes > 0,
+            "position_weighting": self.position_weighting in recipe.POSITION_WEIGHTINGS, "dpace_alpha": 0 < self.dpace_alpha < 1,
+            "acceptance_loss_weight": self.acceptance_loss_weight >= 0,
             "init": self.init in ("target", "random") or (self.init.startswith(WARM_START_PREFIX)
                                                           and len(self.init) > len(WARM_START_PREFIX)),
         }

@@ -123,7 +123,9 @@ class Trainer:
         drafter.context_noise = cfg.context_noise
         objective = DistillationObjective(
             drafter, frozen, cfg.selector_loss_weight, cfg.kl_weight, cfg.hidden_loss_weight, cfg.bf16_matmuls,
-            draft_ids=self.draft_ids if cfg.train_on_draft_vocab else None, first_failure_only=cfg.first_failure_only)
+            draft_ids=self.draft_ids if cfg.train_on_draft_vocab else None, first_failure_only=cfg.first_failure_only,
+            weighting=cfg.position_weighting, dpace_alpha=cfg.dpace_alpha,
+            acceptance_loss_weight=cfg.acceptance_loss_weight)
         optimizer = make_optimizer(drafter, cfg)
         self.schedule = BudgetSchedule(cfg)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule.factor)

@@ -1,9 +1,10 @@
 """The distillation objective of a DFlash / DFlash 2 drafter.
 
-    loss = CE + lambda * selector CE + mu * hidden regression
+    loss = CE + lambda * selector CE + mu * hidden regression - nu * expected acceptance
 
 CE: cross-entropy of the drafter's logits (through the target's frozen LM head) at every block position
-k >= 1, weighted by exp(-(k-1)/gamma), against the regenerated token or, with a teacher signal and
+k >= 1, weighted by position (`weighting`: the fixed decay exp(-(k-1)/gamma), or D-PACE's weights from the
+drafter's own confidence, trainer/training/position_weights.py), against the regenerated token or, with a teacher signal and
 kl_weight > 0, against the mixture (1 - kl_weight) * token + kl_weight * the target's own top-k
 distribution at that position (forward KL to the target up to a constant; ModelOpt's default for DFlash).
 
@@ -23,6 +24,10 @@ Selector CE (DFlash 2): a K-way cross-entropy over the top-K candidates of each 
 gold predecessor (teacher forcing), with the same weights. Policy when the gold token is not among the
 top-K: the position is left out of the selector term (the walk could not have picked it whatever the
 selector learned) and counted against `topk_recall`; the CE term is what moves such tokens into the top-K.
+For D-PACE and the acceptance term such a position is a miss (acceptance 0), never padding.
+
+Expected acceptance (`acceptance_loss_weight` nu > 0): minus E[accepted positions] per block, through each
+position's probability of proposing the gold token (position_weights.py), beside the cross-entropy.
 
 The target's embedding and LM head are frozen and deliberately not submodules: DeepSpeed neither
 optimises nor partitions them.
@@ -38,9 +43,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from kernels.linear_cross_entropy import row_cross_entropy
+from schemas import recipe
 from trainer.drafter.attention import attention_dtype
 from trainer.drafter.model import Drafter
 from trainer.training.blocks import BlockBatch
+from trainer.training.position_weights import acceptance_loss, dpace_weights, to_grid
 
 
 def bf16_matmuls_pay_off(device: torch.device | str) -> bool:
@@ -68,8 +75,12 @@ class FrozenTargetParts:
 class DistillationObjective(nn.Module):
     def __init__(self, drafter: Drafter, frozen: FrozenTargetParts, selector_loss_weight: float = 1.0,
                  kl_weight: float = 0.0, hidden_loss_weight: float = 0.0, bf16_matmuls: bool = False,
-                 draft_ids: torch.Tensor | None = None, first_failure_only: bool = False):
+                 draft_ids: torch.Tensor | None = None, first_failure_only: bool = False,
+                 weighting: recipe.PositionWeighting = "decay", dpace_alpha: float = 0.5, acceptance_loss_weight: float = 0.0):
         super().__init__()
+        self.weighting = weighting
+        self.dpace_alpha = dpace_alpha
+        self.acceptance_loss_weight = acceptance_loss_weight
         self.drafter = drafter
         self.frozen = frozen
         self.selector_loss_weight = selector_loss_weight
@@ -133,8 +144,23 @@ class DistillationObjective(nn.Module):
         if self.draft_ids is not None:  # back to target ids
             predicted = self.draft_ids[predicted]
             candidates = None if candidates is None else self.draft_ids[candidates]
+        # In the sequence, supervised, and proposable from the draft vocabulary (before Spec-AUF prunes positions).
+        draftable = weights > 0
         if self.first_failure_only:
             weights = weights * reached(batch, supervised, predicted == labels)
+        selected = None
+        if selector is not None:
+            selected = self._selector_terms(hidden, candidates, labels, batch.predecessors.reshape(-1)[supervised])
+            predicted = selected["predicted"]
+        # The probability the drafter proposes the gold token at each position given a correct prefix (0 where it
+        # cannot propose it): the selector's among the top-K for DFlash 2, the LM head's for DFlash. With a
+        # teacher mixture (kl_weight) the LM head's is approximated by exp(-its mixed cross-entropy).
+        acceptance = (torch.exp(-selected["loss"]) * selected["in_top_k"] if selected is not None
+                      else torch.exp(-row_ce)) * draftable
+        valid = batch.weights > 0
+        if self.weighting == "dpace":
+            dpace = dpace_weights(to_grid(acceptance.detach(), supervised, valid.shape), valid, self.dpace_alpha)
+            weights = dpace.reshape(-1)[supervised] * (weights > 0)
         ce = (row_ce * weights).sum() / weights.sum().clamp_min(1e-9)
         out = {"ce": ce.detach(), "loss": ce}
         if self.hidden_loss_weight and batch.teacher_hidden is not None:
@@ -143,22 +169,32 @@ class DistillationObjective(nn.Module):
             hidden_loss = (error * weights).sum() / weights.sum()
             out["loss"] = out["loss"] + self.hidden_loss_weight * hidden_loss
             out["hidden_loss"] = hidden_loss.detach()
-        if selector is not None:
-            # The candidates' logits again, now with a gradient path (K per position: cheap).
-            unary = torch.einsum("ph,pkh->pk", hidden, frozen.lm_head[candidates])
-            scores = selector(hidden, unary, candidates, batch.predecessors.reshape(-1)[supervised])
-            gold = candidates == labels[:, None]
-            in_top_k = gold.any(-1)
-            selector_loss = F.cross_entropy(scores.float(), gold.float().argmax(-1), reduction="none")
-            selector_weights = weights * in_top_k
-            selector_ce = (selector_loss * selector_weights).sum() / selector_weights.sum().clamp_min(1e-6)
+        if selected is not None:
+            selector_weights = weights * selected["in_top_k"]
+            selector_ce = (selected["loss"] * selector_weights).sum() / selector_weights.sum().clamp_min(1e-6)
             out["loss"] = out["loss"] + self.selector_loss_weight * selector_ce
-            # What greedy inference would pick at this position given a correct prefix.
-            predicted = candidates.gather(-1, scores.argmax(-1, keepdim=True))[:, 0].detach()
-            out.update(selector_ce=selector_ce.detach(), topk_recall=in_top_k.float().mean().detach())
+            out.update(selector_ce=selector_ce.detach(), topk_recall=selected["in_top_k"].float().mean().detach())
+        if self.acceptance_loss_weight:
+            term, expected_tau = acceptance_loss(to_grid(acceptance, supervised, valid.shape), valid)
+            out["loss"] = out["loss"] + self.acceptance_loss_weight * term
+            out["expected_tau"] = expected_tau
         out["correct"] = predicted == labels
         out["supervised"] = supervised
         return out
+
+    def _selector_terms(self, hidden: torch.Tensor, candidates: torch.Tensor, labels: torch.Tensor,
+                        predecessors: torch.Tensor) -> dict[str, torch.Tensor]:
+        """DFlash 2's selector at each supervised position: its K-way cross-entropy against the gold candidate
+        (per position), whether the gold token is among the top-K, and what greedy inference would pick given a
+        correct prefix."""
+        selector = self.drafter.candidate_selector
+        # The candidates' logits again, now with a gradient path (K per position: cheap).
+        unary = torch.einsum("ph,pkh->pk", hidden, self.frozen.lm_head[candidates])
+        scores = selector(hidden, unary, candidates, predecessors)
+        gold = candidates == labels[:, None]
+        loss = F.cross_entropy(scores.float(), gold.float().argmax(-1), reduction="none")
+        predicted = candidates.gather(-1, scores.argmax(-1, keepdim=True))[:, 0].detach()
+        return {"loss": loss, "in_top_k": gold.any(-1), "predicted": predicted}
 
 
 def reached(batch: BlockBatch, supervised: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:

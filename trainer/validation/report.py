@@ -5,8 +5,10 @@ defaults), and proportional to the job's validation settings:
 
 1. The target answers every validation prompt once, in batches (`trainer/data/regenerate.py`'s loop); its
    greedy output is the reference. Acceptance at the trained block size is replayed against it
-   (trainer/validation/replay.py: the drafter runs, the target does not). Sampling jobs measure acceptance
-   with the real decoder at their own temperature instead.
+   (trainer/validation/replay.py: the drafter runs, the target does not): tau at T=0. Sampling jobs also measure
+   it with the real decoder at their own temperature, top-p and top-k (trainer/validation/sampled_acceptance.py),
+   and their headline figures are those; a greedy job's figure at its own temperature is the T=0 one, measured
+   once. Both go into report.json (`tau_greedy`, `tau_sampled`) with a 95 % bootstrap interval over prompts.
 2. The draft and verify costs of every draft length, with the acceptance, give the recommended length.
 3. On a timed subset (a third of the prompts, one per category at the defaults), each prompt is decoded at
    batch 1 by the target alone and then speculatively at that length, back to back, so both see the same
@@ -52,13 +54,14 @@ from trainer.device import DevicePlan, plan_of, synchronize
 from trainer.data.prompts import Prompt
 from trainer.drafter.model import Drafter, DrafterCache
 from trainer.errors import DraftsmithError
-from trainer.sampling import seeded_generator
 from trainer.speculative import SpeculativeDecoder
 from trainer.targets.chat import render_prompt
 from trainer.targets.loading import Target
 from trainer.validation import SAMPLING_DRAWS, SAMPLING_PROMPTS, VALIDATION_MAX_NEW_TOKENS
 from trainer.validation.acceptance import AcceptanceStats, CategoryStats
 from trainer.validation.replay import GreedyReference, replay_greedy
+from trainer.validation.sampled_acceptance import (GREEDY_REPLAY, SPECULATIVE_SAMPLING, MeasuredAcceptance,
+                                                   sampled_acceptance, tau_figures)
 from trainer.validation.sampling_test import sampling_lossless_test
 
 SAMPLING_ALPHA = 1e-3
@@ -141,13 +144,14 @@ def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: Sa
     every_prompt = target.device.type == "cuda"  # a GPU decodes them all speculatively in little time
     gated = gated_prompt_count(len(prompts), every_prompt=every_prompt)
     sampled_prompts = min(sampling_prompts, len(prompts))
-    # Units: reference prompts, acceptance prompts, block sizes costed, gated prompts, sampling prompts.
-    progress = _Progress(2 * len(prompts) + block_size + gated + sampled_prompts, on_progress)
+    # Units: reference prompts, acceptance prompts (again at a sampling job's T), block sizes, gated, sampling prompts.
+    progress = _Progress(len(prompts) * (2 if params.greedy else 3) + block_size + gated + sampled_prompts, on_progress)
     rendered = [render_prompt(target.tokenizer, list(p.messages), params.chat_template) for p in prompts]
 
     references = greedy_outputs(target, rendered, max_new_tokens, progress)
-    stats = measure_acceptance(target, drafter, prompts, rendered, references, params, max_new_tokens, progress)
-    overall: AcceptanceStats = stats.overall
+    at_zero, at_job = measure_acceptance(target, drafter, prompts, rendered, references, params, max_new_tokens,
+                                         progress)
+    overall: AcceptanceStats = (stats := (at_job or at_zero).stats).overall  # headline: at the job's parameters
     costs = measure_step_costs(target, drafter, rendered[0],
                                on_each=lambda: progress.step(detail="draft and verify cost per block size"))
     expected_tau = {b: round(overall.expected_tau(b), 4) for b in range(2, block_size + 1)}
@@ -177,13 +181,13 @@ def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: Sa
         passed=lossless,
         block_size=block_size,
         tau=round(overall.tau, 4),
+        **tau_figures(at_zero.per_prompt, at_job and at_job.per_prompt, params, block_size=block_size),
         tau_per_position=[None if a is None else round(a, 4) for a in overall.per_position],
         acceptance_by_position=overall.by_position(),
         acceptance_by_category=stats.acceptance_by_category(),
         oracle_tau=None if overall.oracle_tau is None else round(overall.oracle_tau, 4),
         cycles=overall.cycles,
-        acceptance_measured_by=("replay of the target's greedy output (trainer/validation/replay.py)"
-                                if params.greedy else "speculative sampling at the job's parameters"),
+        acceptance_measured_by=GREEDY_REPLAY if params.greedy else SPECULATIVE_SAMPLING,
         prompts=len(prompts),
         expected_tau_by_block_size=expected_tau,
         recommended_block_size=recommended,
@@ -225,26 +229,30 @@ def greedy_gate(target: Target, block_size: int, prompts: int, every_prompt: boo
 
 def measure_acceptance(target: Target, drafter: Drafter, prompts: list[Prompt], rendered: list[list[int]],
                        references: list[list[int]], params: SamplingParams, max_new_tokens: int,
-                       progress: _Progress) -> CategoryStats:
-    """Acceptance at the trained block size: replayed against the references (greedy jobs), or sampled with the
-    real decoder at the job's temperature."""
-    stats = CategoryStats(drafter.config.block_size)
-    decoder = SpeculativeDecoder(target, drafter, record_candidates=params.greedy)
+                       progress: _Progress) -> tuple[MeasuredAcceptance, MeasuredAcceptance | None]:
+    """Acceptance at the trained block size: (at T=0, replayed against the references; at the job's own sampling
+    parameters, sampled with the real decoder, or None for a greedy job, whose figure is the T=0 one). Replay runs
+    the drafter, not the target's verify passes: a sampling job's T=0 figure costs about a quarter of its sampled one
+    and decodes no target token (validation_plan's token counts hold)."""
+    greedy = MeasuredAcceptance(CategoryStats(drafter.config.block_size))
+    decoder = SpeculativeDecoder(target, drafter, record_candidates=True)
     taps = list(drafter.config.target_layer_ids)
-    serving = params.model_copy(update={"max_new_tokens": max_new_tokens})
     for index, (prompt, ids, response) in enumerate(zip(prompts, rendered, references, strict=True)):
-        if params.greedy:
-            with torch.inference_mode():
-                _, context = target.forward(torch.tensor([ids + response], device=target.device), tap_layer_ids=taps,
-                                            logits_to_keep=1)  # the taps are all a replay reads
-            reference = GreedyReference(prompt.id, prompt.category, len(ids), ids + response, max_new_tokens,
-                                        context[0].float().cpu(), tuple(taps))
-            stats.add(prompt.category, response, replay_greedy(target, drafter, reference, decoder=decoder))
-        else:
-            got = decoder.generate(ids, serving, generator=seeded_generator(params.seed + index, target.device))
-            stats.add(prompt.category, got.tokens, got.cycles)
-        progress.step(detail=f"acceptance on {index + 1}/{len(prompts)} prompts")
-    return stats
+        with torch.inference_mode():
+            _, context = target.forward(torch.tensor([ids + response], device=target.device), tap_layer_ids=taps,
+                                        logits_to_keep=1)  # the taps are all a replay reads
+        reference = GreedyReference(prompt.id, prompt.category, len(ids), ids + response, max_new_tokens,
+                                    context[0].float().cpu(), tuple(taps))
+        greedy.add(prompt.category, response, replay_greedy(target, drafter, reference, decoder=decoder))
+        progress.step(detail=f"acceptance at T=0 on {index + 1}/{len(prompts)} prompts")
+    if params.greedy:
+        return greedy, None
+    serving = params.model_copy(update={"max_new_tokens": max_new_tokens})
+
+    def each(index: int) -> None:
+        progress.step(detail=f"acceptance at T={params.temperature} on {index + 1}/{len(prompts)} prompts")
+
+    return greedy, sampled_acceptance(target, drafter, prompts, serving, rendered=rendered, on_each=each)
 
 
 def timed_decoding(target: Target, served: SpeculativeDecoder, prompts: list[Prompt], rendered: list[list[int]],

@@ -70,6 +70,27 @@ function overallVerdict(passed, sampling) {
   return verdict(passed);
 }
 
+/** "95 % interval a–b, N prompts, M tokens" of a report.json `tau_greedy` / `tau_sampled` figure. */
+function tauInterval(figure) {
+  const ci = Array.isArray(figure.ci95) && figure.ci95.length === 2 && figure.ci95.every((v) => typeof v === "number") ? figure.ci95 : null;
+  return `${ci ? `95 % interval ${fmtNum(ci[0], 3)}–${fmtNum(ci[1], 3)}, ` : ""}${figure.prompts ?? "–"} prompts, ${figure.tokens ?? "–"} tokens`;
+}
+
+/** τ at T=0 and at the job's own sampling parameters (a greedy job's is the T=0 figure); none for an older report. */
+function tauCards(r, help) {
+  const figure = (value) => (value && typeof value === "object" && typeof value.tau === "number" ? value : null);
+  const greedy = figure(r.tau_greedy);
+  const sampled = figure(r.tau_sampled);
+  const cards = [];
+  if (greedy) cards.push(card("τ at T=0 (greedy)", fmtNum(greedy.tau, 3), tauInterval(greedy), "tau-greedy", help("tau_greedy")));
+  if (sampled) {
+    const sub = sampled.same_as_greedy === true ? "the job is greedy: the T=0 figure"
+      : `speculative sampling, top-p ${sampled.top_p ?? "–"}, top-k ${sampled.top_k ?? "–"}; ${tauInterval(sampled)}`;
+    cards.push(card(`τ at the job's T=${sampled.temperature ?? "–"}`, fmtNum(sampled.tau, 3), sub, "tau-sampled", help("tau_sampled")));
+  }
+  return cards;
+}
+
 /**
  * The validation report, whatever keys it has: missing ones show as "–". `schema`: report.json's JSON Schema
  * (loadReportSchema), whose field descriptions title the cards; null renders without them.
@@ -90,6 +111,7 @@ export function renderReport(container, report, artifactName, schema = null) {
   const cards = h("div", { class: "cards" },
     card("τ (mean acceptance length)", fmtNum(top.tau, 3), `block size ${r.block_size ?? "–"}`, "tau", help("tau")),
     card("oracle τ", fmtNum(top.oracleTau, 3), headroom === null ? "" : `headroom +${fmtNum(headroom, 3)} with a perfect choice among the drafter's top-K`, "oracle", help("oracle_tau")),
+    ...tauCards(r, help),
     card("measured speedup", top.speedup === null ? "–" : `${fmtNum(top.speedup, 3)}×`,
          speed.ar_tokens_per_s !== undefined ? `${fmtNum(speed.ar_tokens_per_s, 1)} → ${fmtNum(speed.spec_tokens_per_s, 1)} tokens/s${interval}` : "", "speedup",
          help("speedup", "ratio")),

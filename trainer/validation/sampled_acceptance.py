@@ -1,0 +1,102 @@
+"""Acceptance under speculative *sampling*, measured with the real decoder, and the figures report.json keeps of
+acceptance at T=0 and at the job's own sampling parameters.
+
+Greedy acceptance can be replayed against the target's known output (trainer/validation/replay.py); sampled
+acceptance cannot: each accepted token changes what the target sees next, and a rejection draws from the residual
+instead of the target's argmax. So the sampled figure runs `SpeculativeDecoder` with the job's SamplingParams
+(temperature, top-p, top-k): rejection sampling against the target's distribution, one seeded generator per prompt
+(`seed + index`), so two drafters measured on the same prompts see the same seeds and can be compared pairwise
+(`bootstrap_interval(per_prompt, baseline)`). A greedy job's sampled figure *is* its greedy one: validation
+records it once and says so (`same_as_greedy`) rather than decoding the prompts twice.
+
+The interval is a percentile bootstrap over prompts (the unit that is independent), seeded, so a report is
+reproducible to the digit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from schemas.sampling import SamplingParams
+from trainer.data.prompts import Prompt
+from trainer.drafter.model import Drafter
+from trainer.sampling import seeded_generator
+from trainer.speculative import SpeculativeDecoder
+from trainer.targets.chat import render_prompt
+from trainer.targets.loading import Target
+from trainer.validation.acceptance import CategoryStats
+from trainer.validation.replay import bootstrap_interval
+
+SPECULATIVE_SAMPLING = ("speculative sampling at the job's parameters: the real decoder, rejection sampling against "
+                        "the target (trainer/validation/sampled_acceptance.py)")
+GREEDY_REPLAY = "replay of the target's greedy output (trainer/validation/replay.py)"
+
+
+@dataclass
+class MeasuredAcceptance:
+    """Acceptance over a set of prompts: the statistics by position and category, and per prompt (tokens emitted,
+    cycles), the unit a bootstrap resamples."""
+
+    stats: CategoryStats
+    per_prompt: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, category: str, tokens: list[int], cycles: list) -> None:
+        self.stats.add(category, tokens, cycles)
+        self.per_prompt.append((sum(c.emitted for c in cycles), len(cycles)))
+
+    @property
+    def tau(self) -> float:
+        return self.stats.overall.tau
+
+
+@torch.inference_mode()
+def sampled_acceptance(target: Target, drafter: Drafter, prompts: list[Prompt], params: SamplingParams, *,
+                       rendered: list[list[int]] | None = None, block_size: int | None = None,
+                       on_each: Callable[[int], None] | None = None) -> MeasuredAcceptance:
+    """Speculative sampling of every prompt at `params` (its temperature, top-p, top-k, max_new_tokens; prompt i
+    seeded `params.seed + i`). `rendered`: the prompts' token ids when the caller has them; `on_each(i)` follows
+    prompt i (a caller's progress and cancel poll)."""
+    decoder = SpeculativeDecoder(target, drafter.eval(), block_size)
+    if rendered is None:
+        rendered = [render_prompt(target.tokenizer, list(p.messages), params.chat_template) for p in prompts]
+    measured = MeasuredAcceptance(CategoryStats(decoder.block_size))
+    for index, (prompt, ids) in enumerate(zip(prompts, rendered, strict=True)):
+        got = decoder.generate(ids, params, generator=seeded_generator(params.seed + index, target.device))
+        measured.add(prompt.category, got.tokens, got.cycles)
+        if on_each:
+            on_each(index)
+    return measured
+
+
+def tau_figure(per_prompt: list[tuple[int, int]], params: SamplingParams, *, block_size: int, measured_by: str,
+               seed: int | None = None) -> dict:
+    """report.json's figure of one measurement (schemas/validation_report.py `TauAtTemperature`): tau over all
+    prompts, its seeded 95 % bootstrap interval, and what it was measured at."""
+    seed = params.seed if seed is None else seed
+    emitted, cycles = sum(e for e, _ in per_prompt), sum(c for _, c in per_prompt)
+    low, high = bootstrap_interval(per_prompt, seed=seed) if per_prompt else (None, None)
+    return {
+        "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+        "tau": round(emitted / max(1, cycles), 4),
+        "ci95": None if low is None else [round(low, 4), round(high, 4)],
+        "prompts": len(per_prompt), "tokens": emitted, "cycles": cycles, "block_size": block_size, "seed": seed,
+        "measured_by": measured_by,
+    }
+
+
+def tau_figures(greedy: list[tuple[int, int]], sampled: list[tuple[int, int]] | None, params: SamplingParams, *,
+                block_size: int) -> dict[str, dict]:
+    """report.json's `tau_greedy` (at T=0) and `tau_sampled` (at the job's parameters) from per-prompt (emitted,
+    cycles). `sampled` None: the job is greedy, and its figure at its own temperature is the T=0 one, marked
+    `same_as_greedy` (measured once)."""
+    at_zero = params.model_copy(update={"temperature": 0.0, "top_p": 1.0, "top_k": 0})  # no filter acts at T=0
+    greedy_figure = tau_figure(greedy, at_zero, block_size=block_size, measured_by=GREEDY_REPLAY)
+    if sampled is None:
+        same = {**greedy_figure, "same_as_greedy": True,
+                "measured_by": "the job is greedy (temperature 0): the T=0 figure, not measured twice"}
+        return {"tau_greedy": greedy_figure, "tau_sampled": same}
+    sampled_figure = tau_figure(sampled, params, block_size=block_size, measured_by=SPECULATIVE_SAMPLING)
+    return {"tau_greedy": greedy_figure, "tau_sampled": {**sampled_figure, "same_as_greedy": False}}
