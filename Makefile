@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= out/smollm2-135m
 
-.PHONY: setup run test bench browser
+.PHONY: setup run test lint bench browser
 setup: $(VENV)/.installed
 
 # What the main job needs: torch, the project with its worker dependencies, the bundled target.
@@ -44,9 +44,16 @@ browser:
 			>/dev/null; } || echo "$(CHROMIUM_HINT) (apt-get failed)"; \
 	else echo "$(CHROMIUM_HINT)"; fi
 
-# `browser` first: make builds prerequisites left to right, so its line comes before anything else runs.
-test: browser setup
-	$(BIN)/python -m pytest -q
+# Lint, format and types (docs/ARCHITECTURE.md, "Lint, format, types"): ruff's rules, ruff's formatting, and mypy
+# held to tests/mypy_baseline.txt. Before pytest, so CI fails in a minute on them, not after the suite.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_types.py
+
+# `browser` first: make builds prerequisites left to right, so its line comes before anything else runs. `lint` ran
+# tests/test_types.py already.
+test: browser setup lint
+	$(BIN)/python -m pytest -q --ignore=tests/test_types.py
 
 bench: setup
 	$(BIN)/python -m bench.train_variants

@@ -1,10 +1,12 @@
 """Response bodies built from domain rows: the HTTP layer's view of jobs, drafters and audits.
 
 The domain (domain/jobs.py, domain/job_reads.py, domain/drafters.py, domain/audits.py) returns rows; the response
-models live in api/schemas.py. This module turns a job, a drafter or an audit into its body, because several
-routes return each of them (a job from create, list, get, cancel and resume). A body that only one route module
-returns is shaped in that module, next to its route: files (`_file_out`), artifacts and events (job_data.py),
-webhooks (`_out`), usage.
+models live in api/schemas.py, but for two that one route module defines and returns itself (`SecretOut` in
+routes/secrets.py, `UsageOut` in routes/usage.py). This module is not the only place that shapes bodies: it turns
+a job, a drafter or an audit into its body, because several routes return each of them (a job from create, list,
+get, cancel and resume). A body that only one route module returns is shaped in that module, next to its route:
+files (`_file_out`), artifacts, events and metrics (job_data.py), webhooks and their deliveries (webhooks.py
+`_out`), secrets (secrets.py `_out`), usage, and health and readiness (health.py).
 """
 
 from __future__ import annotations
@@ -13,11 +15,6 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from domain.db import Connection, Session
-from domain.drafters import drafter_chain, publications_by_job
-from domain.job_reads import job_children
-from domain.jobs import load_stored_spec, load_stored_spec_text
-from domain.models import Audit, Drafter
 from api.schemas import (
     AuditError,
     AuditOut,
@@ -26,6 +23,11 @@ from api.schemas import (
     DrafterOut,
     JobOut,
 )
+from domain.db import Connection, Session
+from domain.drafters import drafter_chain, publications_by_job
+from domain.job_reads import job_children
+from domain.jobs import load_stored_spec, load_stored_spec_text
+from domain.models import Audit, Drafter
 from schemas.job_spec import JobSpec
 
 

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
@@ -39,9 +36,9 @@ def main() -> None:
 
     import tempfile
 
-    from trainer.export.drafter_d2t import REFERENCE_DIR
     from report.engine_figures import engine_markdown
-    from trainer.pipeline import RunConfig, open_job, Layout
+    from trainer.export.drafter_d2t import REFERENCE_DIR
+    from trainer.pipeline import Layout, RunConfig, open_job
     from trainer.validation.engines import ENGINE_MAX_NEW_TOKENS, ENGINE_PROMPTS, engine_step
 
     config = RunConfig(target=args.target, prompts=args.prompts_file)

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 import time
-from pathlib import Path
 
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ARGS.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -30,7 +28,6 @@ ARGS.add_argument("--skip-step", action="store_true", help="kernels only, no tra
 OPTIONS = ARGS.parse_args()
 if OPTIONS.device == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton.language
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 

@@ -35,9 +35,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 ADMIN_URL = os.environ.get("DRAFTSMITH_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 ROUTES = {
     "job": "/v1/jobs/{job}",
@@ -235,8 +232,8 @@ def create_database() -> tuple[str, object]:
 def seed(settings: object, jobs: int) -> tuple[str, str, str]:
     """An organisation with a key, `jobs` queued jobs, one finished job with events and metrics, and one
     job running in `train` (for the SSE streams). Returns (key, finished job id, running job id)."""
-    from domain import runs as runner
     from api.auth import create_api_key
+    from domain import runs
     from domain.db import create_db_engine, create_session_factory
     from domain.models import Job, new_id
     from domain.states import STAGE_ORDER, JobStatus, Stage
@@ -252,30 +249,30 @@ def seed(settings: object, jobs: int) -> tuple[str, str, str]:
         session.commit()
         finished, running = ids[0], ids[1]
         for stage in STAGE_ORDER:
-            runner.claim_stage(session, finished, stage, worker_id="bench")
+            runs.claim_stage(session, finished, stage, worker_id="bench")
             for step in range(10):
-                runner.record_event(session, finished, f"{stage}: step {step}", progress=step * 10.0)
+                runs.record_event(session, finished, f"{stage}: step {step}", progress=step * 10.0)
             if stage is Stage.TRAIN:
                 for step in range(300):
-                    runner.record_metrics(session, finished, step, {"loss": 3.0 / (step + 1), "lr": 6e-4})
-            runner.finish_stage(session, finished, stage)
+                    runs.record_metrics(session, finished, step, {"loss": 3.0 / (step + 1), "lr": 6e-4})
+            runs.finish_stage(session, finished, stage)
         for stage in (Stage.PREPARE, Stage.GENERATE):
-            runner.claim_stage(session, running, stage, worker_id="bench")
-            runner.finish_stage(session, running, stage)
-        runner.claim_stage(session, running, Stage.TRAIN, worker_id="bench")
+            runs.claim_stage(session, running, stage, worker_id="bench")
+            runs.finish_stage(session, running, stage)
+        runs.claim_stage(session, running, Stage.TRAIN, worker_id="bench")
     engine.dispose()
     return issued.plaintext, finished, running
 
 
 def event_writer(settings: object, job_id: str, stop: threading.Event, interval: float) -> None:
-    from domain import runs as runner
+    from domain import runs
     from domain.db import create_db_engine, create_session_factory
 
     engine = create_db_engine(settings.database_url)  # type: ignore[attr-defined]
     factory = create_session_factory(engine)
     while not stop.wait(interval):
         with factory() as session:
-            runner.record_event(session, job_id, "bench tick", data={"bench_sent": time.time()})
+            runs.record_event(session, job_id, "bench tick", data={"bench_sent": time.time()})
     engine.dispose()
 
 
@@ -294,8 +291,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (draftsmith api --workers).")
     args = parser.parse_args()
 
-    from migrations.revisions import upgrade
     from domain.settings import Settings
+    from migrations.revisions import upgrade
 
     drop = None
     database_url = args.database_url

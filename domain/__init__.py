@@ -3,6 +3,6 @@ database they live in (models, states, jobs, audits, drafters, usage, secrets, w
 scope, shards, the queue, and `runs`: the stage runs the worker reports through).
 
 Plain Python, importable by the API, the worker and the CLI alike; it never imports FastAPI, Starlette,
-the HTTP layer (`api/`), the worker, `migrations` or torch (tests/test_layout.py). The house plan
-(../shared/HOUSE_PLAN.md) calls it `control/`: that name is kombu's filesystem-broker folder, ignored by .gitignore.
+the HTTP layer (`api/`), the worker, `migrations` or torch (tests/test_layout.py). Not `control/`, the name the
+house plan first gave it (docs/ARCHITECTURE.md): that name is kombu's filesystem-broker folder, ignored by .gitignore.
 """

@@ -25,20 +25,19 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from domain.db import lock_briefly
+from domain.db import execute_dml, lock_briefly
 from domain.drafters import get_drafter_for_org
-from domain.files import uploaded_prompt_count
-from domain.jobs import lock_org_and_count_active, parse_spec, refuse_if_full
-from domain.models import Audit, Job, Organisation, new_id, utcnow
 from domain.errors import InvalidTransition, NotFound, ServiceUnavailable
+from domain.files import uploaded_prompt_count
+from domain.jobs import load_stored_spec, lock_org_and_count_active, parse_spec, refuse_if_full
+from domain.models import Audit, Job, Organisation, new_id, utcnow
+from domain.queue import CeleryQueue, RecordingQueue
 from domain.redaction import redact_text
 from domain.settings import Settings
 from domain.statuses import AuditStatus
 from domain.storage_scope import check_spec_storage
 from domain.usage import check_quota
-from schemas.audit import AuditSpec, AuditThresholds, resolved
-from schemas.job_spec import DataSpec, ValidationSpec
-from schemas.sampling import SamplingParams
+from schemas.audit import AuditResult, AuditSpec, AuditThresholds, resolved
 
 log = logging.getLogger("draftsmith.api")
 MAX_ATTEMPTS = 3
@@ -53,7 +52,7 @@ def organisation_thresholds(org: Organisation) -> AuditThresholds:
     return AuditThresholds.model_validate(org.audit_thresholds) if org.audit_thresholds else AuditThresholds()
 
 
-def create_audit(session: Session, settings: Settings, queue, *, org_id: str, spec: AuditSpec) -> Audit:
+def create_audit(session: Session, settings: Settings, queue: RecordingQueue | CeleryQueue, *, org_id: str, spec: AuditSpec) -> Audit:
     org = session.get(Organisation, org_id)
     assert org is not None
     defaults: dict[str, Any] = {"thresholds": organisation_thresholds(org)}
@@ -61,13 +60,11 @@ def create_audit(session: Session, settings: Settings, queue, *, org_id: str, sp
     if spec.drafter.startswith("drf_"):
         drafter = get_drafter_for_org(session, org_id, spec.drafter, field="drafter")
         drafter_id = drafter.id
-        job_spec = session.scalar(select(Job.spec).where(Job.id == drafter.job_id)) or {}
+        stored = session.scalar(select(Job.spec).where(Job.id == drafter.job_id))
+        job_spec = load_stored_spec(stored) if stored else None
         defaults.update(
-            sampling=SamplingParams.model_validate(job_spec["sampling"]) if "sampling" in job_spec else None,
-            data=DataSpec.model_validate(job_spec["data"], context={"allowed_file_roots": ["/"]})
-            if "data" in job_spec else None,
-            validation=ValidationSpec.model_validate(job_spec["validation"]) if "validation" in job_spec else None,
-            reference_tau=drafter.tau)
+            sampling=job_spec.sampling if job_spec else None, data=job_spec.data if job_spec else None,
+            validation=job_spec.validation if job_spec else None, reference_tau=drafter.tau)
     if spec.data is not None and spec.data.source.startswith("file-"):
         uploaded_prompt_count(session, org_id, spec.data.source)  # 422 unless it is one of the org's files
     full = resolved(spec, **defaults)
@@ -85,8 +82,9 @@ def create_audit(session: Session, settings: Settings, queue, *, org_id: str, sp
     except Exception as exc:  # the broker is down: the audit exists, nobody will run it
         log.exception("could not enqueue audit %s", row.id)
         session.rollback()
-        row = session.get(Audit, row.id, populate_existing=True)
-        assert row is not None
+        reloaded = session.get(Audit, row.id, populate_existing=True)
+        assert reloaded is not None
+        row = reloaded
         row.status, row.finished_at = str(AuditStatus.FAILED), utcnow()
         row.error_code, row.error_message = "enqueue_failed", f"broker unavailable: {redact_text(str(exc))}"[:2000]
         session.commit()
@@ -157,7 +155,7 @@ def list_audits(session: Session, org_id: str, *, limit: int, after: str | None,
 def claim_audit(session: Session, audit_id: str, worker_id: str) -> Audit | None:
     """queued -> running for this worker; None when the audit is not queued (done, running elsewhere, gone)."""
     now = utcnow()
-    claimed = session.execute(
+    claimed = execute_dml(session,
         update(Audit).where(Audit.id == audit_id, Audit.status == str(AuditStatus.QUEUED))
         .values(status=str(AuditStatus.RUNNING), worker_id=worker_id, started_at=now, heartbeat_at=now,
                 attempts=Audit.attempts + 1)
@@ -170,7 +168,7 @@ def audit_heartbeat(session: Session, audit_id: str, worker_id: str) -> bool:
     """Keep this worker's attempt visibly alive. False when the worker should stop: a cancellation was requested
     (the beat goes on, so the reaper leaves the audit to its live worker), or the audit is no longer this worker's."""
     alive = (str(AuditStatus.RUNNING), str(AuditStatus.CANCELLING))
-    beat = session.execute(update(Audit).where(Audit.id == audit_id, Audit.status.in_(alive),
+    beat = execute_dml(session, update(Audit).where(Audit.id == audit_id, Audit.status.in_(alive),
                                                Audit.worker_id == worker_id)
                            .values(heartbeat_at=utcnow()).execution_options(synchronize_session=False)).rowcount
     session.commit()
@@ -184,18 +182,18 @@ def acknowledge_audit_cancellation(session: Session, audit_id: str, worker_id: s
     query = update(Audit).where(Audit.id == audit_id, Audit.status == str(AuditStatus.CANCELLING))
     if worker_id is not None:
         query = query.where(Audit.worker_id == worker_id)
-    done = session.execute(query.values(status=str(AuditStatus.CANCELLED), finished_at=utcnow())
+    done = execute_dml(session, query.values(status=str(AuditStatus.CANCELLED), finished_at=utcnow())
                            .execution_options(synchronize_session=False)).rowcount
     session.commit()
     return done > 0
 
 
-def finish_audit(session: Session, audit_id: str, worker_id: str, result: dict[str, Any], *,
+def finish_audit(session: Session, audit_id: str, worker_id: str, result: AuditResult, *,
                  target_revision: str | None) -> bool:
-    done = session.execute(
+    done = execute_dml(session,
         update(Audit).where(Audit.id == audit_id, Audit.status == str(AuditStatus.RUNNING),
                             Audit.worker_id == worker_id)
-        .values(status=str(AuditStatus.SUCCEEDED), result=result, recommendation=result["recommendation"]["action"],
+        .values(status=str(AuditStatus.SUCCEEDED), result=result.to_json(), recommendation=result.action,
                 target_revision=target_revision, finished_at=utcnow(), error_code=None, error_message=None)
         .execution_options(synchronize_session=False)).rowcount
     session.commit()
@@ -206,7 +204,7 @@ def finish_audit(session: Session, audit_id: str, worker_id: str, result: dict[s
 
 def fail_audit(session: Session, audit_id: str, worker_id: str, *, code: str, message: str,
                target_revision: str | None = None) -> bool:
-    done = session.execute(
+    done = execute_dml(session,
         update(Audit).where(Audit.id == audit_id, Audit.status == str(AuditStatus.RUNNING),
                             Audit.worker_id == worker_id)
         .values(status=str(AuditStatus.FAILED), error_code=code[:64], error_message=message[:10_000],
@@ -236,7 +234,7 @@ def take_over_stale_audits(session: Session, stale_after_seconds: float) -> list
                       "error_message": f"the worker went quiet {attempts} times; submit the audit again"}
         else:
             values = {"status": str(AuditStatus.QUEUED), "worker_id": None}
-        claimed = session.execute(
+        claimed = execute_dml(session,
             update(Audit).where(Audit.id == audit_id, Audit.status == str(AuditStatus.RUNNING), quiet)
             .values(**values).execution_options(synchronize_session=False)).rowcount
         session.commit()

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Row, create_engine, event, pool, text
+# The handles of DATABASE_HANDLES are re-exported (`X as X`: mypy's no_implicit_reexport).
+from sqlalchemy import Connection as Connection
+from sqlalchemy import CursorResult, Engine, Executable, create_engine, event, pool, text
+from sqlalchemy import Row as Row
 from sqlalchemy.engine import URL
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session as Session
+from sqlalchemy.orm import sessionmaker as sessionmaker
 
 from domain.database_url import ensure_sqlite_directory, normalize_database_url
 from domain.settings import Settings
@@ -31,6 +35,12 @@ DATABASE_HANDLES = (Connection, Row, Session, sessionmaker)
 # milliseconds (a state change and its commit); a wait this long means the holder is stuck, and the request is
 # better answered 503 with Retry-After than left holding a worker thread.
 ROW_LOCK_TIMEOUT_SECONDS = 3.0
+
+
+def execute_dml(session: Session, statement: Executable) -> CursorResult[Any]:
+    """`session.execute` for an UPDATE, DELETE or INSERT, typed as what it returns there: a CursorResult, whose
+    `rowcount` is how many rows the statement matched (SQLAlchemy 2.1 types every `execute` as a plain Result)."""
+    return cast("CursorResult[Any]", session.execute(statement))
 
 
 def _configure_sqlite(dbapi_connection: sqlite3.Connection, _record: Any) -> None:

@@ -30,6 +30,7 @@ import httpx
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from domain.db import execute_dml
 from domain.egress import EgressPolicy, EgressRefused, outbound_client, send_pinned
 from domain.models import Webhook, WebhookAttempt, WebhookDelivery, utcnow
 from domain.redaction import redact_url
@@ -49,7 +50,7 @@ def sign_payload(secret: str, msg_id: str, timestamp: int, body: str) -> str:
 
 def backoff_seconds(attempt: int, settings: Settings) -> float:
     """Delay before attempt `attempt + 1`, after `attempt` failures."""
-    return min(settings.webhook_backoff_base_seconds * 2 ** (attempt - 1), settings.webhook_backoff_max_seconds)
+    return min(settings.webhook_backoff_base_seconds * 2.0 ** (attempt - 1), settings.webhook_backoff_max_seconds)
 
 
 def _claim_due(factory: sessionmaker[Session], now: datetime, limit: int) -> list[str]:
@@ -67,7 +68,7 @@ def _claim_due(factory: sessionmaker[Session], now: datetime, limit: int) -> lis
         ).all()
         for delivery_id in due:
             # Conditional UPDATE: only one dispatcher's claim matches, the others see rowcount 0.
-            result = session.execute(
+            result = execute_dml(session,
                 update(WebhookDelivery)
                 .where(
                     WebhookDelivery.id == delivery_id,

@@ -18,16 +18,18 @@ another organisation's id answers 404, exactly like a missing one.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from domain.artifacts import artifacts_of
-from domain.models import Drafter, Job, Publication, utcnow
 from domain.errors import FieldError, InvalidRequest, NotFound
+from domain.models import Drafter, Job, Publication, utcnow
 from domain.statuses import JobStatus
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
+from schemas.lineage import DrafterLineage, DrafterMetrics, DrafterShape
 
 MAX_CHAIN = 100
 SHAPE_FIELDS = {"variant": "drafter.variant", "num_layers": "drafter.num_layers", "block_size": "drafter.block_size"}
@@ -62,7 +64,7 @@ def check_warm_start(session: Session, org_id: str, spec: JobSpec) -> Drafter | 
                                                           f"{had!r}; a warm start keeps the parent's shape: set "
                                                           f"{field} to {had!r}, or drop init to train from scratch"))
     for attribute, field in (("target_layer_ids", "drafter.target_layer_ids"), ("mask_token_id", "drafter.mask_token_id")):
-        wanted, had = getattr(spec.drafter, attribute), parent.config.get(attribute)
+        wanted, had = getattr(spec.drafter, attribute), getattr(DrafterShape.read(parent.config), attribute)
         if wanted is not None and had is not None and wanted != had:
             errors.append(FieldError(field=field, message=f"{wanted!r} differs from the parent drafter {parent.id}'s "
                                                           f"{had!r}; leave it unset to keep the parent's"))
@@ -71,17 +73,18 @@ def check_warm_start(session: Session, org_id: str, spec: JobSpec) -> Drafter | 
     return parent
 
 
-def upsert_drafter(session: Session, job_id: str, *, target_revision: str | None, target_fingerprint: str,
-                   config: dict[str, Any], metrics: dict[str, Any], lineage: dict[str, Any],
+def upsert_drafter(session: Session, job: Job, spec: JobSpec, *, target_revision: str | None,
+                   target_fingerprint: str, config: DrafterShape | Mapping[str, Any],
+                   metrics: DrafterMetrics | Mapping[str, Any], lineage: DrafterLineage | Mapping[str, Any],
                    manifest_sha256: str) -> Drafter:
-    """The job's drafter (recording it again replaces the record: a rerun of publish). Does not commit."""
-    job = session.get(Job, job_id, populate_existing=True)
-    if job is None:
-        raise NotFound(f"no job {job_id!r}")
+    """The job's drafter (recording it again replaces the record: a rerun of publish); `spec` is the job's stored
+    spec (domain/jobs.py `load_stored_spec`). Does not commit. The three JSON columns are stored through their
+    models (schemas/lineage.py), read leniently when given as objects."""
     if not re.fullmatch(r"[0-9a-f]{64}", manifest_sha256):
         raise ValueError("manifest_sha256 must be 64 lowercase hex characters")
-    spec = job.spec
-    parent_ref = (spec.get("init") or {}).get("from_drafter")
+    job_id = job.id
+    measured = DrafterMetrics.read(metrics)
+    parent_ref = spec.init.from_drafter if spec.init else None
     parent_id = None
     if parent_ref and DRAFTER_ID_RE.match(parent_ref):
         parent_id = session.scalar(select(Drafter.id).where(Drafter.id == parent_ref, Drafter.org_id == job.org_id))
@@ -89,13 +92,13 @@ def upsert_drafter(session: Session, job_id: str, *, target_revision: str | None
     if row is None:
         row = Drafter(job_id=job_id, org_id=job.org_id)
         session.add(row)
-    drafter = spec.get("drafter") or {}
     row.parent_id, row.parent_ref, row.name = parent_id, parent_ref, job.name
-    row.target_uri, row.target_revision, row.target_fingerprint = spec["target"]["uri"], target_revision, target_fingerprint
-    row.variant, row.block_size, row.num_layers = drafter["variant"], drafter["block_size"], drafter["num_layers"]
-    row.tau = metrics.get("tau")
-    row.lossless = bool(metrics.get("lossless_passed"))
-    row.config, row.metrics, row.lineage, row.manifest_sha256 = config, metrics, lineage, manifest_sha256
+    row.target_uri, row.target_revision, row.target_fingerprint = spec.target.uri, target_revision, target_fingerprint
+    row.variant, row.block_size, row.num_layers = spec.drafter.variant, spec.drafter.block_size, spec.drafter.num_layers
+    row.tau = measured.tau
+    row.lossless = bool(measured.lossless_passed)
+    row.config, row.metrics = DrafterShape.read(config).to_json(), measured.to_json()
+    row.lineage, row.manifest_sha256 = DrafterLineage.read(lineage).to_json(), manifest_sha256
     row.created_at = utcnow()
     session.flush()
     return row
@@ -150,15 +153,15 @@ def rollout_summary(session: Session, job: Job) -> dict[str, Any] | None:
     artifacts = [{"name": a.name, "kind": a.kind, "sha256": a.sha256, "size_bytes": a.size_bytes,
                   "download_path": f"/v1/jobs/{job.id}/artifacts/{a.name}"}
                  for a in artifacts_of(session, job.id)]
-    metrics = row.metrics or {}
+    metrics = DrafterMetrics.read(row.metrics)
     return {
         "id": row.id, "parent": {"id": row.parent_id, "ref": row.parent_ref} if row.parent_ref else None,
         "target": {"uri": row.target_uri, "revision": row.target_revision, "fingerprint": row.target_fingerprint},
-        "lossless": {"passed": row.lossless, "greedy_mismatches": metrics.get("greedy_mismatches"),
-                     "sampling_p_value": metrics.get("sampling_p_value")},
-        "tau": row.tau, "parent_tau": metrics.get("parent_tau"), "block_size": row.block_size,
-        "recommended_block_size": metrics.get("recommended_block_size"),
-        "serving": metrics.get("serving"),
+        "lossless": {"passed": row.lossless, "greedy_mismatches": metrics.greedy_mismatches,
+                     "sampling_p_value": metrics.sampling_p_value},
+        "tau": row.tau, "parent_tau": metrics.parent_tau, "block_size": row.block_size,
+        "recommended_block_size": metrics.recommended_block_size,
+        "serving": metrics.serving.to_json() if metrics.serving else None,
         "manifest_sha256": row.manifest_sha256, "artifacts": artifacts,
         "publications": publications_by_job(session, [job.id])[job.id],
     }

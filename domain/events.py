@@ -10,9 +10,9 @@ never later finds a new event with a number below N. Streams can therefore resum
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, Row, bindparam, select, true, update
+from sqlalchemy import Connection, Row, Table, bindparam, select, true, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -54,7 +54,7 @@ def append_event(
         raise ValueError(f"unknown event level {level!r}; one of {', '.join(EVENT_LEVELS)}")
     if progress is not None and (not math.isfinite(progress) or not 0.0 <= progress <= 100.0):
         raise ValueError(f"progress must be a percentage in [0, 100], got {progress!r}")
-    jobs = Job.__table__
+    jobs = cast(Table, Job.__table__)  # declared as a FromClause; a mapped class's table is a Table
     seq = session.execute(
         update(jobs).where(jobs.c.id == job.id).values(event_seq=jobs.c.event_seq + 1).returning(jobs.c.event_seq)
     ).scalar_one()
@@ -98,16 +98,16 @@ _JOB_EVENTS_PAGE = (
 )
 
 
-def events_after(session: Session | Connection, job_id: str, after_seq: int, limit: int) -> list[Row[Any]]:
+def events_after(session: Session | Connection, job_id: str, after_seq: int, limit: int) -> list[Row[*tuple[Any, ...]]]:
     """Events of one job with seq > after_seq, oldest first: read-only rows with the attributes of JobEvent
     named in EVENT_COLUMNS (seq, created_at, type, level, stage, message, progress, data)."""
     # .all(): one fetch of every row (iterating a result fetches row by row).
-    return session.execute(_EVENTS_AFTER, {"job_id": job_id, "after_seq": after_seq, "limit": limit}).all()
+    return list(session.execute(_EVENTS_AFTER, {"job_id": job_id, "after_seq": after_seq, "limit": limit}).all())
 
 
 def job_events_page(
     db: Session | Connection, org_id: str, job_id: str, after_seq: int, limit: int
-) -> tuple[Row[Any], list[Row[Any]]]:
+) -> tuple[Row[*tuple[Any, ...]], list[Row[*tuple[Any, ...]]]]:
     """The job's state (`id`, `status`, `event_seq`, as `domain.job_reads.job_state_for_org`) and `events_after(job,
     after_seq, limit)`, in one round trip; the same 404 when the job is not the organisation's.
 

@@ -13,8 +13,23 @@ import functools
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import (Connection, Float, Integer, Row, Select, String, Text, bindparam, cast, exists, func,
-                        literal_column, null, select, union_all)
+from sqlalchemy import (
+    Connection,
+    Float,
+    Integer,
+    Row,
+    Select,
+    String,
+    Text,
+    bindparam,
+    cast,
+    exists,
+    func,
+    literal_column,
+    null,
+    select,
+    union_all,
+)
 from sqlalchemy.orm import Session
 
 from domain.errors import NotFound
@@ -31,7 +46,7 @@ JOB_COLUMNS = (
 
 def jobs_by_status(session: Session) -> dict[str, int]:
     """How many jobs are in each status, all organisations (the API's Prometheus gauge)."""
-    return dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())  # type: ignore[arg-type]
+    return dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
 
 
 def job_status(db: Session | Connection, job_id: str) -> str | None:
@@ -44,7 +59,7 @@ _JOB_STATE = select(Job.id, Job.status, Job.event_seq).where(Job.id == bindparam
                                                              Job.org_id == bindparam("org_id"))
 
 
-def job_row_for_org(db: Session | Connection, org_id: str, job_id: str) -> Row[Any]:
+def job_row_for_org(db: Session | Connection, org_id: str, job_id: str) -> Row[*tuple[Any, ...]]:
     """The job as a row of `JOB_COLUMNS`, if it belongs to `org_id`; otherwise the same 404 as domain/jobs.py
     `get_job_for_org`.
     For reading a job's response body (a Connection skips the ORM's per-statement work)."""
@@ -54,7 +69,7 @@ def job_row_for_org(db: Session | Connection, org_id: str, job_id: str) -> Row[A
     return row
 
 
-def job_state_for_org(session: Session | Connection, org_id: str, job_id: str) -> Row[tuple[str, str, int]]:
+def job_state_for_org(session: Session | Connection, org_id: str, job_id: str) -> Row[str, str, int]:
     """The job's `id`, `status` and `event_seq` (a row), if it belongs to `org_id`; otherwise the same 404 as domain/jobs.py
     `get_job_for_org`. For reads that need no more of the job (its events, its metrics): the full row carries
     the spec, and loading it as an entity costs more than the rest of such a request."""
@@ -67,17 +82,17 @@ def job_state_for_org(session: Session | Connection, org_id: str, job_id: str) -
 def list_jobs(
     db: Session | Connection, org_id: str, *, statuses: list[str], labels: list[tuple[str, str]], limit: int,
     after: str | None,
-) -> tuple[list[Row[Any]], bool]:
+) -> tuple[list[Row[*tuple[Any, ...]]], bool]:
     """A page of the organisation's jobs, newest first, as rows of `JOB_COLUMNS`; and whether more follow."""
     params: dict[str, Any] = {"org_id": org_id, "limit": limit + 1, "statuses": statuses, "after": after}
     for index, (key, value) in enumerate(labels):
         params[f"label_key_{index}"], params[f"label_value_{index}"] = key, value
     rows = db.execute(_job_page_query(bool(statuses), len(labels), after is not None), params).all()
-    return rows[:limit], len(rows) > limit
+    return list(rows[:limit]), len(rows) > limit
 
 
 @functools.lru_cache(maxsize=128)
-def _job_page_query(statuses: bool, labels: int, after: bool) -> Select[Any]:
+def _job_page_query(statuses: bool, labels: int, after: bool) -> Select[*tuple[Any, ...]]:
     """`list_jobs`' statement for one shape of filters (built once per shape; the values are bound parameters)."""
     query = select(*JOB_COLUMNS).where(Job.org_id == bindparam("org_id"))
     if statuses:

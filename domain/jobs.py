@@ -19,18 +19,15 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from domain.db import lock_briefly
 from domain.drafters import check_warm_start
-from domain.events import append_event
-from domain.files import uploaded_prompt_count
-from domain.models import Audit, Job, JobLabel, Organisation, StageRun, new_id, utcnow
 from domain.errors import (
     FieldError,
     IdempotencyConflict,
@@ -41,21 +38,25 @@ from domain.errors import (
     TooManyActiveJobs,
     field_errors_from_pydantic,
 )
+from domain.events import append_event
+from domain.files import uploaded_prompt_count
+from domain.models import Audit, Job, JobLabel, Organisation, StageRun, new_id, utcnow
 from domain.queue import CeleryQueue, RecordingQueue
 from domain.redaction import redact_text
 from domain.secrets import check_referenced_secrets
 from domain.settings import Settings
-from domain.statuses import AUDIT_ACTIVE_STATUSES
 from domain.states import ACTIVE_STATUSES, STAGE_ORDER, JobStatus, Stage, transition
+from domain.statuses import AUDIT_ACTIVE_STATUSES
 from domain.storage_scope import StorageScopeError, check_spec_storage, refuse_link_loops, spec_storage_uris
 from domain.usage import check_quota
+from schemas.audit import AuditSpec
 from schemas.bounds import JsonInputError, loads_json
 from schemas.job_spec import JobSpec
 
 log = logging.getLogger("draftsmith.api")
 _IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
 JOB_ID_RE = re.compile(r"^job_[0-9A-Z]{26}$")
-SpecT = TypeVar("SpecT", bound=BaseModel)
+SpecT = TypeVar("SpecT", JobSpec, AuditSpec)
 
 
 def parse_spec(raw: bytes, settings: Settings, model: type[SpecT], example: str) -> SpecT:
@@ -64,7 +65,7 @@ def parse_spec(raw: bytes, settings: Settings, model: type[SpecT], example: str)
     try:
         body = loads_json(raw or b"null")  # bounded: depth, 64-bit numbers, no NaN, UTF-8 only
     except JsonInputError as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}", errors=[FieldError(field="body", message=str(exc))])
+        raise InvalidRequest(f"the body is not valid JSON: {exc}", errors=[FieldError(field="body", message=str(exc))]) from exc
     if not isinstance(body, dict):
         raise InvalidRequest(f"the body must be a JSON object, e.g. {example}",
                              errors=[FieldError(field="body", message="expected a JSON object")])
@@ -95,7 +96,7 @@ def parse_job_spec(raw: bytes, settings: Settings) -> JobSpec:
     return parse_spec(raw, settings, JobSpec, '{"target": {"uri": "bundled:smollm2-135m"}}')
 
 
-def load_stored_spec(stored: dict) -> JobSpec:
+def load_stored_spec(stored: dict[str, Any]) -> JobSpec:
     # Stored specs passed admission already; file roots may have changed since, so don't re-judge them.
     return JobSpec.model_validate(stored, context={"allowed_file_roots": ["/"]})
 
@@ -264,8 +265,9 @@ def _enqueue_or_fail(session: Session, queue: RecordingQueue | CeleryQueue, job:
     except Exception as exc:  # any broker error: the job exists but nobody will run it
         log.exception("could not enqueue %s", job.id)
         session.rollback()
-        job = session.get(Job, job.id, populate_existing=True)
-        assert job is not None
+        reloaded = session.get(Job, job.id, populate_existing=True)
+        assert reloaded is not None
+        job = reloaded
         message = f"broker unavailable: {redact_text(str(exc))}"[:2000]  # a broker URL may carry a password
         job.error_code, job.error_message, job.error_stage = "enqueue_failed", message, None
         transition(session, job, JobStatus.FAILED, reason="could not hand the job to the broker")

@@ -102,7 +102,7 @@ _KEY_LOOKUP = (
 )
 
 
-def live_key(session: Session, settings: Settings, plaintext: str) -> Row[Any] | None:
+def live_key(session: Session, settings: Settings, plaintext: str) -> Row[*tuple[Any, ...]] | None:
     """The key `plaintext` with its organisation's name (id, org_id, scopes, org_name), or None when it is unknown
     or revoked. Records that the key is still used, at most once per `LAST_USED_RESOLUTION` (committed)."""
     # One round trip for the key and its organisation: this runs on every request, so it reads the columns it

@@ -29,7 +29,7 @@ class Series:
 
 
 @functools.lru_cache(maxsize=16)
-def _metrics_queries(step_max: bool, names: bool) -> tuple[Select[Any], Select[Any], Select[Any], list[Any]]:
+def _metrics_queries(step_max: bool, names: bool) -> tuple[Select[*tuple[Any, ...]], Select[*tuple[Any, ...]], Select[*tuple[Any, ...]], list[Any]]:
     """The statements of `metric_series` for one shape of filters, built once (values are bound parameters): the
     job's check with the series' statistics, every point of the series, and of some of them; and the filters."""
     conditions = [MetricPoint.job_id == bindparam("job_id"), MetricPoint.step >= bindparam("step_min")]

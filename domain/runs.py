@@ -51,15 +51,17 @@ import re
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from domain.artifacts import artifact_named
-from domain.events import append_event
-from domain.jobs import next_stage
-from domain.models import Artifact, Job, MetricPoint, Publication, StageRun, utcnow
+from domain.db import execute_dml
 from domain.errors import CancellationPending, InvalidTransition, NotFound, StageBusy, StageConflict
+from domain.events import append_event
+from domain.jobs import load_stored_spec, next_stage
+from domain.models import Artifact, Job, MetricPoint, Publication, StageRun, utcnow
 from domain.states import RUNNING_STATUSES, STAGE_ORDER, STATUS_OF_STAGE, JobStatus, Stage, transition
 from domain.storage import LocalStorage, S3Storage, check_key
 
@@ -139,7 +141,7 @@ def record_event(
     stage: Stage | str | None = None,
     progress: float | None = None,
     level: str = "info",
-    data: dict | None = None,
+    data: dict[str, Any] | None = None,
 ) -> int:
     """Log a message (and, with `progress`, the running stage's percent complete). Returns its seq."""
     job = session.get(Job, job_id, populate_existing=True)
@@ -182,7 +184,7 @@ def record_metrics(
 def discard_metrics(session: Session, job_id: str, stage: Stage | str, from_step: int) -> int:
     """Drop a stage's points at `from_step` and later: a resumed stage replays those steps from its checkpoint,
     and a series must not hold two values for one step. Returns the points removed."""
-    removed = session.execute(
+    removed = execute_dml(session,
         delete(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.stage == str(Stage(stage)),
                                   MetricPoint.step >= from_step).execution_options(synchronize_session=False)
     ).rowcount
@@ -329,7 +331,7 @@ def begin_run(session: Session, job_id: str) -> int:
 def heartbeat(session: Session, job_id: str, stage: Stage | str, worker_id: str) -> bool:
     """Refresh this worker's running attempt of `stage`. False: the attempt is no longer this worker's to run
     (taken over after a stall, or ended by a cancellation): stop working on it."""
-    result = session.execute(
+    result = execute_dml(session,
         update(StageRun)
         .where(StageRun.job_id == job_id, StageRun.stage == str(Stage(stage)), StageRun.status == "running",
                StageRun.worker_id == worker_id)
@@ -369,7 +371,7 @@ def take_over_stale_jobs(session: Session, stale_after_seconds: float) -> list[t
             or_(StageRun.heartbeat_at < cutoff, StageRun.heartbeat_at.is_(None)))
     ).all()
     for run_id, job_id, stage in stale_runs:
-        claimed = session.execute(
+        claimed = execute_dml(session,
             update(StageRun).where(StageRun.id == run_id, StageRun.status == "running",
                                    or_(StageRun.heartbeat_at < cutoff, StageRun.heartbeat_at.is_(None)))
             .values(status="abandoned", finished_at=utcnow(),
@@ -387,13 +389,13 @@ def take_over_stale_jobs(session: Session, stale_after_seconds: float) -> list[t
                                         Job.id.not_in(running))
     ).all()
     for job_id, _stage in idle_jobs:
-        claimed = session.execute(
+        claimed = execute_dml(session,
             update(Job).where(Job.id == job_id, Job.updated_at < cutoff)
             .values(updated_at=utcnow(), version=Job.version + 1).execution_options(synchronize_session=False)
         ).rowcount
         session.commit()
-        if claimed and (stage := next_stage(session, job_id)) is not None:
-            taken.append((job_id, stage))
+        if claimed and (resume := next_stage(session, job_id)) is not None:
+            taken.append((job_id, resume))
     return taken
 
 
@@ -429,13 +431,14 @@ def record_usage(session: Session, job_id: str, stage: Stage | str, *, compute_s
     session.commit()
 
 
-def record_drafter(session: Session, job_id: str, **lineage) -> str:
+def record_drafter(session: Session, job_id: str, **lineage: Any) -> str:
     """The job's published drafter and its lineage (domain/drafters.py `upsert_drafter`); returns its id."""
     from domain.drafters import upsert_drafter
 
-    row = upsert_drafter(session, job_id, **lineage)
-    job = session.get(Job, job_id)
-    assert job is not None
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    row = upsert_drafter(session, job, load_stored_spec(job.spec), **lineage)
     append_event(session, job, "log", f"drafter {row.id} published" + (f" (parent {row.parent_ref})" if row.parent_ref
                  else ""), stage=str(Stage.PUBLISH), data={"drafter_id": row.id, "parent_id": row.parent_id})
     session.commit()

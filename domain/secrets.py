@@ -15,15 +15,16 @@ import base64
 import hashlib
 import json
 import re
+from typing import cast
 
 from cryptography.fernet import Fernet, InvalidToken
-from sqlalchemy import select
+from sqlalchemy import Table, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from domain.models import OrgSecret, utcnow
 from domain.errors import FieldError, InvalidRequest, NotFound
+from domain.models import OrgSecret, utcnow
 from domain.settings import Settings
 from domain.storage_scope import s3_secret_problems
 from schemas.job_spec import SECRET_NAME_PATTERN, JobSpec
@@ -60,7 +61,7 @@ def put_secret(session: Session, settings: Settings, org_id: str, name: str, val
     # One statement, decided by the database: concurrent PUTs of one name each store or replace it (the last
     # wins), instead of two inserts racing into the primary key (20 concurrent PUTs of one name gave two 500s).
     now = utcnow()
-    table = OrgSecret.__table__
+    table = cast(Table, OrgSecret.__table__)  # declared as a FromClause; a mapped class's table is a Table
     insert = postgresql_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     statement = insert(table).values(org_id=org_id, name=name, ciphertext=ciphertext, created_at=now, updated_at=now)
     session.execute(statement.on_conflict_do_update(index_elements=[table.c.org_id, table.c.name],

@@ -278,7 +278,7 @@ class Settings(BaseSettings):
             try:
                 ipaddress.ip_network(network, strict=False)
             except ValueError:
-                raise ValueError(f"egress allowed network {network!r} is not a CIDR network such as 10.20.0.0/16")
+                raise ValueError(f"egress allowed network {network!r} is not a CIDR network such as 10.20.0.0/16") from None
         return value
 
     @field_validator("egress_denied_endpoints")

@@ -20,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.orm import Session
 
+from domain.db import execute_dml
 from domain.models import GenerateShard, utcnow
 
 PENDING, RUNNING, DONE = "pending", "running", "done"
@@ -45,7 +46,7 @@ def plan_shards(session: Session, job_id: str, sizes: list[int]) -> int:
     return len(sizes)
 
 
-def _claimable(stale_after_seconds: float):
+def _claimable(stale_after_seconds: float) -> ColumnElement[bool]:
     cutoff = utcnow() - timedelta(seconds=stale_after_seconds)
     return or_(GenerateShard.status == PENDING,
                and_(GenerateShard.status == RUNNING,
@@ -62,7 +63,7 @@ def claim_shard(session: Session, job_id: str, worker_id: str, stale_after_secon
     session.rollback()
     for shard, attempt, status, holder in candidates:
         now = utcnow()
-        claimed = session.execute(
+        claimed = execute_dml(session,
             update(GenerateShard)
             .where(GenerateShard.job_id == job_id, GenerateShard.shard == shard, GenerateShard.attempt == attempt,
                    _claimable(stale_after_seconds))
@@ -80,7 +81,7 @@ def shard_heartbeat(session: Session, job_id: str, shard: int, worker_id: str, p
                     tokens: int) -> bool:
     """Refresh this worker's claim and its progress. False: the shard is no longer this worker's (taken over
     after a stall, or done)."""
-    beat = session.execute(
+    beat = execute_dml(session,
         update(GenerateShard)
         .where(GenerateShard.job_id == job_id, GenerateShard.shard == shard, GenerateShard.status == RUNNING,
                GenerateShard.worker_id == worker_id)
@@ -95,7 +96,7 @@ def finish_shard(session: Session, job_id: str, shard: int, worker_id: str, *, p
                  seconds: float) -> bool:
     """The shard's files are in object storage: it is done, whoever held the claim by now (a shard written twice
     is the same shard: its seed is its index). False if it was done already."""
-    finished = session.execute(
+    finished = execute_dml(session,
         update(GenerateShard)
         .where(GenerateShard.job_id == job_id, GenerateShard.shard == shard, GenerateShard.status != DONE)
         .values(status=DONE, worker_id=worker_id, prompts_done=prompts, tokens=tokens, seconds=seconds,

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from domain.errors import InvalidTransition
 from domain.events import append_event
 from domain.models import Job, utcnow
-from domain.errors import InvalidTransition
-from domain.statuses import JobStatus  # the one list of job statuses (re-exported here)
+from domain.statuses import JobStatus as JobStatus  # the one list of job statuses (re-exported here)
 from domain.webhooks import enqueue_job_webhooks
-from schemas.stages import STAGE_ORDER, Stage  # the one list of stage names (re-exported here)
-
+from schemas.stages import STAGE_ORDER as STAGE_ORDER  # the one list of stage names (re-exported here)
+from schemas.stages import Stage as Stage
 
 STATUS_OF_STAGE: dict[Stage, JobStatus] = {
     Stage.PREPARE: JobStatus.PREPARING,

@@ -153,13 +153,15 @@ def _pin_connections(client: Any, policy: Any) -> None:
     """Swap the connection classes of `client`'s HTTP session for ones that ask `policy` for the address of every new
     connection (a redirect, a retry, a proxy included) and connect to exactly it; TLS still verifies the URL's
     host name. botocore keeps its pool classes in one attribute, read when a pool (or a proxy's pool) is made."""
+    import socket
+
     import botocore.awsrequest
     from urllib3.exceptions import NewConnectionError
     from urllib3.util import connection
 
     def pinned(pool_class: type) -> type:
         class PinnedConnection(pool_class.ConnectionCls):  # type: ignore[name-defined,misc]
-            def _new_conn(self):  # noqa: ANN202 (urllib3's own signature)
+            def _new_conn(self) -> socket.socket:  # urllib3's own signature
                 address = policy.connect_address(self._dns_host, self.port)
                 try:
                     return connection.create_connection((address, self.port), self.timeout,
@@ -241,7 +243,8 @@ class S3Storage:
         params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._object_key(key)}
         if filename:
             params["ResponseContentDisposition"] = f'attachment; filename="{filename}"'
-        return self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=self.ttl)
+        url: str = self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=self.ttl)  # boto3: untyped
+        return url
 
     def ping(self) -> None:
         self.client.head_bucket(Bucket=self.bucket)

@@ -56,13 +56,14 @@ import os
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from domain.settings import Settings
-from schemas.bounds import file_uri_path
-from domain.storage import check_key
 from domain.s3_endpoints import endpoint_path, is_endpoint_host, virtual_host_label
+from domain.settings import Settings
+from domain.storage import check_key
+from schemas.bounds import file_uri_path
+
 _SECRET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")  # schemas.job_spec.SECRET_NAME_PATTERN
 DEFAULT_S3_SECRET = "s3"
 DEFAULT_HUB_SECRET = "hf"
@@ -198,7 +199,7 @@ def check_s3_endpoint(endpoint_url: str, settings: Settings) -> None:
                                 "(POST /v1/files) and drafter ids, never through a secret") from None
 
 
-def s3_secret_problems(given: dict, settings: Settings) -> list[tuple[str, str]]:
+def s3_secret_problems(given: dict[str, Any], settings: Settings) -> list[tuple[str, str]]:
     """What is wrong with an S3 secret's JSON, as (field of the value, message with the fix); [] when usable.
     The API asks at PUT /v1/secrets, the worker again before every use (a secret stored before this rule, or a
     deployment whose storage moved since)."""

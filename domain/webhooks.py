@@ -115,5 +115,5 @@ def recent_deliveries(session: Session, webhook_id: str, limit: int = 100
 
 def deliveries_by_status(session: Session) -> dict[str, int]:
     """How many deliveries are in each status, all organisations (the API's Prometheus gauge)."""
-    return dict(session.execute(  # type: ignore[arg-type]
+    return dict(session.execute(
         select(WebhookDelivery.status, func.count()).group_by(WebhookDelivery.status)).all())

@@ -19,8 +19,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from schemas.audit import AuditResult
 
 EXIT_FAILED = 1
 EXIT_NOT_LOSSLESS = 3
@@ -33,22 +37,34 @@ def _client(url: str | None, api_key: str | None):
     return Client(url, api_key)
 
 
-def _echo_summary(audit: dict) -> None:
-    result = audit.get("result") or audit
-    rec = result["recommendation"]
-    fits = result["compatibility"]
-    lossless = result["lossless"]
+def audit_result(audit: dict[str, Any]) -> AuditResult:
+    """The result of an audit as the service answers it (under `result`) or as it ran here, read leniently."""
+    from schemas.audit import AuditResult
+
+    return AuditResult.read(audit.get("result") or audit)
+
+
+def _echo_summary(audit: dict[str, Any], result: AuditResult) -> None:
+    from schemas.audit import AuditLossless, AuditRecommendation, AuditReference
+    from schemas.validation_report import GreedyCheck, SamplingTest
+
+    rec, reference = result.recommendation or AuditRecommendation(), result.reference or AuditReference()
+    lossless = result.lossless or AuditLossless()
+    greedy, sampling = lossless.greedy or GreedyCheck(), lossless.sampling or SamplingTest()
+    fingerprint = result.compatibility.fingerprint if result.compatibility else None
+    same = {True: "unchanged", False: "changed"}.get(fingerprint.same, "unknown") if fingerprint else "unknown"
+    p_value = "–" if sampling.p_value is None else f"{sampling.p_value:.3g}"
     lines = [
         f"drafter:        {audit.get('drafter', '')}",
-        f"target:         {audit.get('target_uri', '')} (fingerprint {'unchanged' if fits['fingerprint']['same'] else 'changed'})",
-        f"lossless:       {'passed' if lossless['passed'] else 'FAILED'} (greedy mismatches "
-        f"{lossless['greedy']['mismatches']}, sampling p = {lossless['sampling']['p_value']:.3g})",
-        f"tau:            {result['tau']} on {result['prompts']} prompts"
-        + (f" (reference {result['reference']['tau']}, delta {result['reference']['delta']:+.3f})"
-           if result["reference"]["tau"] is not None else ""),
-        f"per position:   {result['tau_per_position']}",
-        "by category:    " + ", ".join(f"{k} {v['tau']}" for k, v in result["acceptance_by_category"].items()),
-        f"recommendation: {rec['action']} ({rec['reason']})",
+        f"target:         {audit.get('target_uri', '')} (fingerprint {same})",
+        f"lossless:       {'passed' if result.passed else 'FAILED'} (greedy mismatches {greedy.mismatches}, "
+        f"sampling p = {p_value})",
+        f"tau:            {result.tau} on {result.prompts} prompts"
+        + (f" (reference {reference.tau}, delta {reference.delta:+.3f})"
+           if reference.tau is not None and reference.delta is not None else ""),
+        f"per position:   {result.tau_per_position}",
+        "by category:    " + ", ".join(f"{k} {v.tau}" for k, v in (result.acceptance_by_category or {}).items()),
+        f"recommendation: {rec.action} ({rec.reason})",
     ]
     click.echo("\n".join(lines), err=True)
 
@@ -105,11 +121,11 @@ def audit(drafter, target, prompts, count, holdout, num_prompts, max_new_tokens,
         result = _audit_here(body)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
-    _echo_summary(result)
-    report = result.get("result") or result
+    report = audit_result(result)
+    _echo_summary(result, report)
     if not as_json:
-        click.echo(report["recommendation"]["action"])
-    if not report["lossless"]["passed"]:
+        click.echo(report.action)
+    if not report.passed:
         click.echo("error: the lossless check failed: do not serve this drafter with this target", err=True)
         sys.exit(EXIT_NOT_LOSSLESS)
 
@@ -170,7 +186,8 @@ def _audit_here(body: dict) -> dict:
     except DraftsmithError as error:
         click.echo(f"error: {error.code}: {error}", err=True)
         sys.exit(EXIT_INCOMPATIBLE if error.code == "incompatible_drafter" else EXIT_FAILED)
-    return {"drafter": body["drafter"], "target_uri": spec.target.uri, "status": "succeeded", "result": report}
+    return {"drafter": body["drafter"], "target_uri": spec.target.uri, "status": "succeeded",
+            "result": report.to_json()}
 
 
 @click.group()

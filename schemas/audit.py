@@ -13,12 +13,23 @@ else the organisation's (`PUT /v1/audit-thresholds`), else the defaults below.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from schemas import recipe
-from schemas.job_spec import (READ_CREDENTIALS, DataSpec, StrictModel, TargetSpec, ValidationSpec, _file_roots,
-                              check_drafter_ref)
+from schemas.job_spec import (
+    READ_CREDENTIALS,
+    DataSpec,
+    StrictModel,
+    TargetSpec,
+    ValidationSpec,
+    _file_roots,
+    check_drafter_ref,
+)
 from schemas.sampling import SamplingParams
+from schemas.validation_report import CategoryAcceptance, DeviceDescription, GreedyGate, Lossless, Speedup
+from schemas.work_files import LenientModel, VersionedFile
 
 KEEP_MIN_GAIN_RATIO = 0.9
 """Keep a drafter that still has this share of its acceptance gain (tau - 1) on the new target."""
@@ -84,3 +95,93 @@ def resolved(spec: AuditSpec, *, sampling: SamplingParams | None = None, data: D
         "thresholds": spec.thresholds or thresholds or AuditThresholds(),
         "reference_tau": spec.reference_tau if spec.reference_tau is not None else reference_tau,
     })
+
+
+# --- the audit's result: what trainer/audit.py measured, stored on the audit row and printed by the CLI ---------
+
+
+class FieldFit(LenientModel):
+    """One shape field of the drafter against the target's."""
+
+    drafter: int | None = None
+    target: int | None = None
+    ok: bool | None = None
+
+
+class LayerFit(LenientModel):
+    drafter_taps: list[int] | None = None
+    drafter_built_for: int | None = Field(default=None, description="The target depth the drafter was built for.")
+    target: int | None = None
+    ok: bool | None = None
+
+
+class FingerprintFit(LenientModel):
+    drafter: str | None = Field(default=None, description="The fingerprint the drafter recorded (None: none).")
+    target: str | None = None
+    same: bool | None = None
+
+
+class Compatibility(LenientModel):
+    """What the drafter was built for against what the target is (trainer/audit.py `compatibility`)."""
+
+    hidden_size: FieldFit | None = None
+    vocab_size: FieldFit | None = None
+    target_layers: LayerFit | None = None
+    fingerprint: FingerprintFit | None = None
+
+
+class AuditLossless(Lossless):
+    passed: bool | None = Field(default=None, description="Both lossless checks passed.")
+
+
+class AuditReference(LenientModel):
+    """The tau the audit compares with: the drafter's on its own target."""
+
+    tau: float | None = None
+    source: str | None = Field(default=None, description="`given` (the request's), or the report.json it came from.")
+    delta: float | None = Field(default=None, description="tau on the new target minus the reference tau.")
+
+
+class AuditRecommendation(LenientModel):
+    """trainer/audit.py `recommend`: keep, warm_start or retrain, and why."""
+
+    action: str | None = Field(default=None, description=f"One of {', '.join(AUDIT_ACTIONS)}.")
+    reason: str | None = None
+    gain_ratio: float | None = Field(default=None, description="(tau - 1) / (reference tau - 1); None: no reference.")
+    thresholds: dict[str, Any] | None = Field(default=None, description="The AuditThresholds it was judged by.")
+
+
+class AuditResult(VersionedFile):
+    """An audit's result (the `result` of GET /v1/audits/{id}, `draftsmith audit --json`), read leniently like the
+    work files (schemas/work_files.py): results stored before it had a `version` read as version 1."""
+
+    compatible: bool | None = None
+    compatibility: Compatibility | None = None
+    lossless: AuditLossless | None = None
+    tau: float | None = None
+    tau_per_position: list[float | None] | None = None
+    acceptance_by_category: dict[str, CategoryAcceptance] | None = None
+    oracle_tau: float | None = None
+    block_size: int | None = None
+    recommended_block_size: int | None = None
+    speedup: Speedup | None = None
+    reference: AuditReference | None = None
+    recommendation: AuditRecommendation | None = None
+    prompts: int | None = None
+    sampling_parameters: dict[str, Any] | None = None
+    validation_max_new_tokens: int | None = None
+    target_fingerprint: str | None = None
+    device: DeviceDescription | None = None
+    greedy_gate: GreedyGate | None = None
+    tokens_generated: int | None = None
+    minutes: float | None = None
+    drafter_revision: str | None = Field(default=None, description="The drafter version fetched (the worker's).")
+
+    @property
+    def action(self) -> str | None:
+        return self.recommendation.action if self.recommendation else None
+
+    @property
+    def passed(self) -> bool:
+        """The lossless verdict; a result without one did not pass."""
+        return bool(self.lossless and self.lossless.passed)

@@ -12,7 +12,7 @@ else the CPU).
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Literal, get_args
 
 DEVICE_AUTO = "auto"
 DEVICE_SETTINGS = "auto (every visible GPU, else the CPU), cpu, cuda (the visible GPUs) or cuda:N (GPU number N)"
@@ -20,7 +20,7 @@ DEVICE_SETTINGS = "auto (every visible GPU, else the CPU), cpu, cuda (the visibl
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda)(?::(\d{1,4}))?$")
 
 Dtype = Literal["auto", "float32"]
-DTYPES: tuple[str, ...] = Dtype.__args__
+DTYPES: tuple[str, ...] = get_args(Dtype)
 DTYPE_SETTINGS = ("auto (bfloat16 on a GPU, float32 on a CPU) or float32 (float32 everywhere: slower on a GPU, "
                   "and the greedy check then compares against the plain float32 decode)")
 

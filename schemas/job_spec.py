@@ -30,8 +30,15 @@ from pydantic import (
 )
 
 from schemas import recipe
-from schemas.bounds import (INT32_MAX, INTEGER_CHOICE, JsonBody, SingleLineText, check_text, file_uri_path,
-                            resolved_path_within_roots)
+from schemas.bounds import (
+    INT32_MAX,
+    INTEGER_CHOICE,
+    JsonBody,
+    SingleLineText,
+    check_text,
+    file_uri_path,
+    resolved_path_within_roots,
+)
 from schemas.compute import DEVICE_AUTO, DEVICE_SETTINGS, DTYPE_SETTINGS, Dtype, check_device_setting
 from schemas.prompts import BUILTIN_PROMPT_COUNT, MAX_PROMPTS_PER_JOB
 from schemas.sampling import SamplingParams

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 CHUNK_BYTES = 1 << 20
 
@@ -21,7 +22,7 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def build_manifest(root: Path) -> dict:
+def build_manifest(root: Path) -> dict[str, Any]:
     """{"files": {relative path: {"sha256", "bytes"}}} of every file below root but manifest.json and dotfiles."""
     files = {}
     for path in sorted(Path(root).rglob("*")):

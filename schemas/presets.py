@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from schemas import recipe
 from schemas.prompts import BUILTIN_PROMPT_COUNT, MAX_PROMPTS_PER_JOB
 
 PresetName = Literal["auto", "cpu", "gpu"]
-PRESETS: tuple[str, ...] = PresetName.__args__
+PRESETS: tuple[str, ...] = get_args(PresetName)
 
 CPU_FIELDS: dict[str, object] = {
     "drafter.variant": recipe.VARIANT,
@@ -142,7 +142,7 @@ def preset_fields(name: str, *, gpu_count: int = 1, target_parameters_billion: f
                          budget_minutes=budget_minutes, source_prompts=source_prompts).fields
 
 
-def lay_under(body: dict, fields: dict[str, object]) -> dict:
+def lay_under(body: dict[str, Any], fields: dict[str, object]) -> dict[str, Any]:
     """`body` (a JobSpec body: the spec file with the flags given laid over it) with every preset field it does not
     set filled in. A new dict; `body`'s own values, null included, always win."""
     merged = {section: dict(value) if isinstance(value, dict) else value for section, value in body.items()}

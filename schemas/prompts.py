@@ -132,7 +132,7 @@ class ChatMessage(BaseModel):
             return "".join(part.text for part in self.content)
         return self.content or ""
 
-    def for_template(self) -> dict:
+    def for_template(self) -> dict[str, Any]:
         """The message as chat templates take it (Hugging Face's convention): string content, `developer` as
         `system`, tool-call arguments parsed from their JSON text when they are JSON."""
         out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text}
@@ -211,7 +211,7 @@ class PromptRecord(BaseModel):
         assert self.prompt is not None
         return [ChatMessage(role="user", content=self.prompt)]
 
-    def template_messages(self) -> list[dict]:
+    def template_messages(self) -> list[dict[str, Any]]:
         """The conversation as chat templates take it (`ChatMessage.for_template`)."""
         return [message.for_template() for message in self.as_messages()]
 

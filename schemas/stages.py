@@ -11,7 +11,7 @@ uploads to the `cpu` queue, so GPU machines never wait on network copies.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, get_args
 
 
 class Stage(StrEnum):
@@ -41,4 +41,4 @@ GenerateBackend = Literal["builtin", "vllm"]
 """What writes the generate stage's responses (a deployment's choice, DRAFTSMITH_WORKER_GENERATE_BACKEND):
 `builtin`, the target's own batched loop that captures the hidden states as it goes, or `vllm`, the vLLM engine,
 after which one teacher-forced pass of the target captures them (trainer/data/vllm_backend.py)."""
-GENERATE_BACKENDS: tuple[str, ...] = GenerateBackend.__args__
+GENERATE_BACKENDS: tuple[str, ...] = get_args(GenerateBackend)

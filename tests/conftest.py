@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # for `tiny_targets`
-
 # Validation measures a drafter in every serving engine installed here (trainer/validation/engines.py). Outside
 # tests/engines/, which point this back at the real folder, a job's validate stage finds none, so the suite takes
 # the same time on a machine with engines (bench/setup/) as on CI, which has none.
-from trainer.validation.engine_paths import ENGINES_DIR_ENV  # noqa: E402
+from trainer.validation.engine_paths import ENGINES_DIR_ENV
 
 os.environ.setdefault("DRAFTSMITH_TEST_REAL_ENGINES_DIR", os.environ.get(ENGINES_DIR_ENV, ""))
 os.environ[ENGINES_DIR_ENV] = str(Path(__file__).parent / "no-engines-outside-tests-engines")
@@ -39,6 +36,7 @@ def smollm2(smollm2_dir):
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory):
     from tiny_targets import make_tiny_target
+
     from trainer.targets import load_target
 
     return load_target(make_tiny_target(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3"))

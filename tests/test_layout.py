@@ -1,6 +1,6 @@
-"""The import rules of docs/ARCHITECTURE.md, as a ratchet towards ../shared/HOUSE_PLAN.md's end state.
+"""The rules of docs/ARCHITECTURE.md ("The house rules", "The import plan"), as ratchets towards its end state.
 
-`PLAN` is where each product package may import from inside the repository once the house plan is done.
+`PLAN` is where each product package may import from inside the repository in the end state.
 `KNOWN` lists today's exceptions, one (file, module) pair each. A new wrong-way import fails
 `test_imports_follow_the_plan`; a fixed one fails `test_known_exceptions_still_exist` until its line is
 deleted here, so the list can only shrink. `FORBIDDEN` holds the absolute rules on third-party libraries.
@@ -32,7 +32,7 @@ PLAN: dict[str, set[str]] = {
     "draftsmith": {"schemas", "trainer"},
     "report": {"schemas"},
 }
-"""The end state: the in-repo packages each product package may import (the house plan's table, and two
+"""The end state: the in-repo packages each product package may import (docs/ARCHITECTURE.md's table, with two
 additions: the API's and the worker's edges ask `migrations.revisions` whether the schema is current before they
 serve, and `draftsmith db` runs the migrations, while the domain core itself never imports `migrations`; and the
 `report` leaf, the report's renderers and chart assets, is read by the trainer's export and the API's dashboard)."""
@@ -204,6 +204,12 @@ def test_the_worker_imports_without_the_web_framework():
     assert result.returncode == 0, result.stderr[-3000:]
     blocked_really = import_with_blocked("api.main", {"fastapi", "starlette"})
     assert blocked_really.returncode != 0 and "blocked by test_layout" in blocked_really.stderr
+
+
+def test_the_pipeline_imports_without_torch():
+    """trainer/pipeline.py, the stages' one wiring, loads torch only in the stages that use it."""
+    result = import_with_blocked("trainer.pipeline", {"torch"})
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 RUNS_DOORS = {"worker/reporting.py", "worker/runner.py", "worker/app.py"}
@@ -467,6 +473,100 @@ def test_a_function_name_means_one_thing_in_the_domain_and_the_api():
                 where.setdefault(name, []).append(str(path.relative_to(ROOT)))
     twice = {name: paths for name, paths in where.items() if len(paths) > 1 and name not in NAMES_DEFINED_TWICE_ALLOWED}
     assert not twice, f"one name, two functions; rename one for what it does: {twice}"
+
+
+NAMED_PACKAGES = ("api", "domain", "worker", "trainer", "schemas", "draftsmith", "report", "kernels")
+"""The packages whose top-level names must each mean one thing (migrations/ is left out: every revision file
+defines `upgrade` and `downgrade`, Alembic's contract)."""
+
+ENTRY_POINTS = {"main"}
+"""A module's `main` is run by `python -m` or a console script, never imported by its name from another package."""
+
+NAMES_IN_TWO_PACKAGES_KNOWN: set[tuple[str, tuple[str, ...]]] = {
+    # the drafters table's row (domain/models.py) and the PyTorch model (trainer/drafter/model.py)
+    ("Drafter", ("domain", "trainer")),
+    # api/estimates.py sizes a target from its spec before any download; trainer/targets/placement.py counts the
+    # weights of a loaded folder (the api may not import the trainer)
+    ("active_parameters", ("api", "trainer")),
+    ("target_parameters", ("api", "trainer")),
+    # domain/drafters.py checks a warm start's drafter id at submit; trainer/training/init.py two configs at load
+    ("check_warm_start", ("domain", "trainer")),
+    # domain/jobs.py parses a request body with the deployment's rules; trainer/cli_run.py a local spec file
+    ("parse_spec", ("domain", "trainer")),
+}
+"""Today's public top-level names defined in two product packages, which may only shrink: rename one side for
+what it does and delete its line here."""
+
+
+def top_level_names(tree: ast.Module) -> list[str]:
+    """The public module-level functions and classes a file defines, less those a route or command decorator
+    registers (`module_functions`) and entry points. Private names stay out: no package imports another's
+    (`test_no_private_name_is_imported_across_packages`), so a reader meets them beside their definition."""
+    classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+    return [name for name in module_functions(tree) + classes if not name.startswith("_") and name not in ENTRY_POINTS]
+
+
+def names_in_two_packages(files: list[tuple[str, ast.Module]]) -> dict[str, dict[str, list[str]]]:
+    """name -> {package: [files defining it]}, for the names that more than one package defines."""
+    where: dict[str, dict[str, list[str]]] = {}
+    for path, tree in files:
+        for name in top_level_names(tree):
+            where.setdefault(name, {}).setdefault(path.split("/")[0], []).append(path)
+    return {name: packages for name, packages in where.items() if len(packages) > 1}
+
+
+def test_a_top_level_name_means_one_thing_across_packages():
+    """One name, one meaning, across every product package: `run_audit` was both the trainer's measurement
+    (trainer/audit.py) and the worker's task body (worker/audits.py, now `execute_audit`)."""
+    sample = [("worker/a.py", ast.parse("def run_audit(): pass\nclass Beat: pass\ndef _private(): pass\n"
+                                        "def main(): pass\n")),
+              ("trainer/b.py", ast.parse("def run_audit(): pass\nclass Beat: pass\ndef _private(): pass\n"
+                                         "def main(): pass\n@router.get('/x')\ndef get(): pass\n")),
+              ("api/c.py", ast.parse("@router.get('/y')\ndef get(): pass\n"))]
+    assert set(names_in_two_packages(sample)) == {"run_audit", "Beat"}
+    files = [(path, tree) for path, tree in product_trees() if path.split("/")[0] in NAMED_PACKAGES]
+    found = {(name, tuple(sorted(packages))) for name, packages in names_in_two_packages(files).items()}
+    details = names_in_two_packages(files)
+    assert_only_shrinks(found, NAMES_IN_TWO_PACKAGES_KNOWN,
+                        new="one name defined in two packages; rename one for what it does",
+                        gone="these names mean one thing now: delete them from NAMES_IN_TWO_PACKAGES_KNOWN",
+                        show=lambda pairs: {name: details.get(name, packages) for name, packages in sorted(pairs)})
+
+
+@functools.cache
+def product_module_names() -> frozenset[str]:
+    """The last part of every product module's name (`runner` for worker/runner.py, `errors` for domain/errors.py)."""
+    return frozenset(module_name(path).rpartition(".")[2] for package in PLAN for path in product_files(package))
+
+
+def misleading_module_aliases(tree: ast.AST) -> list[str]:
+    """`import a.b as y` and `from a import b as y` (b an in-repo module) where `y` is the name of another product
+    module: `from domain import runs as runner` made `runner` mean domain/runs.py beside worker/runner.py."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliased = [(alias.name, alias.asname) for alias in node.names if alias.asname]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            aliased = [(f"{node.module}.{alias.name}", alias.asname) for alias in node.names
+                       if alias.asname and _is_module(f"{node.module}.{alias.name}")]
+        else:
+            continue
+        found += [f"{node.lineno}: {module} as {alias}" for module, alias in aliased
+                  if alias in product_module_names() and alias != module.rpartition(".")[2]]
+    return found
+
+
+def test_no_module_is_imported_under_another_modules_name():
+    """In product code, tests and bench/: a module keeps its own name or takes one no product module has."""
+    assert misleading_module_aliases(ast.parse("from domain import runs as runner\nimport domain.errors as domain\n"
+                                               "from domain import shards as claims_db\nimport numpy as np\n"
+                                               "from draftsmith.cli import main as cli\n")) == [
+        "1: domain.runs as runner", "2: domain.errors as domain"]
+    files = [path for package in PLAN for path in product_files(package)]
+    files += sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "bench").rglob("*.py"))
+    offenders = {str(path.relative_to(ROOT)): found for path in files
+                 if (found := misleading_module_aliases(ast.parse(path.read_text())))}
+    assert not offenders, f"import the module under its own name (or one no product module has): {offenders}"
 
 
 

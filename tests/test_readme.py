@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench import readme_table
 from schemas.validation_report import ValidationReport
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import readme_table  # noqa: E402
 
 README = ROOT / "README.md"
 FIRST_SCREEN = 40

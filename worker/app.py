@@ -20,7 +20,14 @@ import threading
 
 from celery import Celery, signals
 
-from domain.queue import GENERATE_SHARDS_TASK, RUN_AUDIT_TASK, RUN_JOB_TASK, audit_queue, celery_broker_options, queue_for
+from domain.queue import (
+    GENERATE_SHARDS_TASK,
+    RUN_AUDIT_TASK,
+    RUN_JOB_TASK,
+    audit_queue,
+    celery_broker_options,
+    queue_for,
+)
 from domain.redaction import install_log_redaction, register_secret_values, secret_setting_values
 from domain.settings import load_settings
 from schemas.stages import Stage
@@ -95,9 +102,9 @@ def send_generate_helpers(job_id: str, count: int) -> None:
 @app.task(name=RUN_AUDIT_TASK)
 def run_audit_task(audit_id: str) -> str:
     """A drift audit (worker/audits.py). An infrastructure error leaves it to the reaper to queue again."""
-    from worker.audits import run_audit
+    from worker.audits import execute_audit
 
-    return run_audit(current_context(), audit_id)
+    return execute_audit(current_context(), audit_id)
 
 
 def send_run_audit(audit_id: str) -> None:

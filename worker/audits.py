@@ -1,4 +1,4 @@
-"""`run_audit(ctx, audit_id)`: what the Celery task `draftsmith.run_audit` does, as a plain function.
+"""`execute_audit(ctx, audit_id)`: what the Celery task `draftsmith.run_audit` does, as a plain function.
 
     claim the audit (queued -> running; nothing to do if another worker has it or it is done)
     fetch the target, the drafter and the prompts (worker/sources.py, worker/drafters.py), with a heartbeat
@@ -30,7 +30,7 @@ from domain.audits import (
     record_audit_usage,
 )
 from domain.files import uploaded_prompts_key
-from schemas.audit import AuditSpec
+from schemas.audit import AuditResult, AuditSpec
 from trainer.errors import DraftsmithError, StageInterrupted
 from worker.context import WorkerContext
 from worker.drafters import resolve_drafter
@@ -65,8 +65,8 @@ class _Heartbeat(threading.Thread):
             raise StageInterrupted(f"audit {self.audit_id} stopped on request ({detail or 'between fetches'})")
 
 
-def run_audit(ctx: WorkerContext, audit_id: str) -> str:
-    from trainer.audit import run_audit as measure
+def execute_audit(ctx: WorkerContext, audit_id: str) -> str:
+    from trainer.audit import run_audit
 
     with ctx.session_factory() as session:
         row = claim_audit(session, audit_id, ctx.worker_id)
@@ -94,14 +94,15 @@ def run_audit(ctx: WorkerContext, audit_id: str) -> str:
                                   uploaded_key=uploaded_key, storage=ctx.storage)
         heartbeat.check()  # cancelled while the inputs were fetched: load no model
         # An audit has no compute section: it runs where this worker's setting says (trainer/device.py decides).
-        report = measure(spec, target=target.path, drafter=drafter.path, prompts=prompts.path,
-                         on_progress=heartbeat.check, device=ctx.settings.worker_device,
-                         base=base.path if base else None)
-        report["drafter_revision"] = drafter.revision
-        tokens = report["tokens_generated"]
+        report = run_audit(spec, target=target.path, drafter=drafter.path, prompts=prompts.path,
+                           on_progress=heartbeat.check, device=ctx.settings.worker_device,
+                           base=base.path if base else None)
+        result = AuditResult.read(report)  # the measurement's result, or a stand-in's plain object
+        result.drafter_revision = drafter.revision
+        tokens = result.tokens_generated or 0
         with ctx.session_factory() as session:
-            finished = finish_audit(session, audit_id, ctx.worker_id, report, target_revision=target_revision)
-        outcome = f"succeeded: {report['recommendation']['action']}" if finished else "cancelled or taken over"
+            finished = finish_audit(session, audit_id, ctx.worker_id, result, target_revision=target_revision)
+        outcome = f"succeeded: {result.action}" if finished else "cancelled or taken over"
     except StageInterrupted:
         with ctx.session_factory() as session:  # not cancelling: taken over by another worker, which goes on
             outcome = "cancelled" if acknowledge_audit_cancellation(session, audit_id, ctx.worker_id) else "busy"

@@ -21,18 +21,38 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from domain.artifacts import artifact_named, artifacts_of
 from domain.drafters import published_drafter
 from domain.models import Job
 from domain.settings import Settings
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
+from schemas.lineage import (
+    DataLineage,
+    DataSnapshot,
+    DrafterLineage,
+    DrafterMetrics,
+    DrafterShape,
+    ParentLineage,
+    ServingSettings,
+    TrainingLineage,
+)
 from schemas.validation_report import ValidationReport
+from schemas.work_files import CodeEnvironment, PinnedSource, PinnedSources, PreparedTarget, StageMarker
 from trainer.drafter.checkpoint import drafter_folder, drafter_prefix
 from trainer.errors import DraftsmithError
 from worker.reporting import JobRecords
-from worker.sources import (PRIVATE_BUCKET_HINT, Caller, Resolved, StorageNotAllowed, _fetch_hub, fetch_cache,
-                            local_file, open_s3)
+from worker.sources import (
+    PRIVATE_BUCKET_HINT,
+    Caller,
+    Resolved,
+    StorageNotAllowed,
+    _fetch_hub,
+    fetch_cache,
+    local_file,
+    open_s3,
+)
 
 DRAFTER_FILES = ("config.json", "*.safetensors", "report.json", "drafter/config.json", "drafter/*.safetensors")
 
@@ -127,67 +147,83 @@ def _from_s3(uri: str, settings: Settings, cache: Path, caller: Caller) -> Resol
 def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
     """Record the job's drafter and what it came from, through the publish stage's `records`; returns the drafter
     id. Reads the job's work files from object storage (this may be a CPU worker that ran none of the other
-    stages)."""
+    stages), each through its model (schemas/work_files.py): a file missing or a field that does not fit leaves
+    that part of the lineage empty, never the drafter unrecorded."""
     session = records.session
     prefix = f"jobs/{job.id}/work"
 
-    def work(name: str) -> dict:
+    def work(name: str) -> dict[str, Any]:
         key = f"{prefix}/{name}"
         return json.loads(_read(ctx, key)) if ctx.storage.exists(key) else {}
 
-    sources, prepared = work("sources.json"), work("prepare.json")
+    sources, prepared = PinnedSources.read(work("sources.json")), PreparedTarget.read(work("prepare.json"))
     report = ValidationReport.read(work("report.json"))
-    generated, trained = work("stages/generate.json"), work("stages/train.json")
+    generated, trained = StageMarker.read(work("stages/generate.json")), StageMarker.read(work("stages/train.json"))
     manifest = artifact_named(session, job.id, "manifest.json")
     config = artifact_named(session, job.id, "drafter/config.json")
     if manifest is None or config is None:
         raise DraftsmithError("the job has no exported manifest.json and drafter/config.json to record")
     manifest_bytes = _read(ctx, manifest.storage_key)
     drafter_config = json.loads(_read(ctx, config.storage_key))
-    dflash = drafter_config.get("dflash_config", {})
-    data_keys = ctx.storage.list_keys(f"{prefix}/data")
-    serving_block = report.recommended_block_size or drafter_config.get("block_size")
-    categories = report.acceptance_by_category
-    metrics = {
-        "tau": report.tau, "tau_per_position": report.tau_per_position,
-        "acceptance_by_category": None if categories is None else {k: c.to_json() for k, c in categories.items()},
-        "oracle_tau": report.oracle_tau,
-        "lossless_passed": bool(report.passed),
-        "greedy_mismatches": report.greedy.mismatches,
-        "sampling_p_value": report.sampling.p_value,
-        "recommended_block_size": report.recommended_block_size,
-        "speedup": report.speedup.ratio if report.speedup else None,
-        "parent_tau": report.warm_start.parent_tau if report.warm_start else None,
-        "serving": {"sglang": f"--speculative-algorithm DFLASH --speculative-num-draft-tokens {serving_block}",
-                    "vllm": {"method": "dflash", "num_speculative_tokens": serving_block - 1},
-                    "llama_cpp": f"--spec-type draft-dflash --spec-draft-n-max {serving_block - 1}"},
-    }
-    lineage = {
-        "target": {"uri": spec.target.uri, **(sources.get("target") or {})},
-        "data": {
-            "source": spec.data.source, "source_revision": (sources.get("prompts") or {}).get("revision"),
-            "count": spec.data.count, "holdout_share": spec.data.holdout_share,
-            "train_prompts": prepared.get("train_prompts"), "holdout_prompts": prepared.get("holdout_prompts"),
-            "examples": generated.get("examples"), "response_tokens": generated.get("response_tokens"),
-            "snapshot": {"location": f"{prefix}/data", "files": len(data_keys),
-                         "digest": hashlib.sha256(json.dumps(sorted(data_keys.items())).encode()).hexdigest()},
-        },
-        "parent": {"ref": spec.init.from_drafter, **(sources.get("init") or {}),
-                   "tau_on_this_target": metrics["parent_tau"]} if spec.init else None,
-        "recipe": {name: getattr(spec, name).model_dump(mode="json")
-                   for name in ("drafter", "training", "sampling", "validation")},
-        "code": trained.get("environment") or {},
-        "training": {k: trained.get(k) for k in ("steps", "final_loss", "train_tau_estimate")},
-    }
-    config = {"hidden_size": drafter_config.get("hidden_size"), "vocab_size": drafter_config.get("vocab_size"),
-              "num_target_layers": drafter_config.get("num_target_layers"),
-              "target_layer_ids": dflash.get("target_layer_ids"), "mask_token_id": dflash.get("mask_token_id"),
-              "architecture": (drafter_config.get("architectures") or [None])[0]}
+    metrics = drafter_metrics(report, report.recommended_block_size or drafter_config.get("block_size"))
+    data = DataLineage(
+        source=spec.data.source, source_revision=sources.prompts.revision if sources.prompts else None,
+        count=spec.data.count, holdout_share=spec.data.holdout_share,
+        train_prompts=prepared.train_prompts, holdout_prompts=prepared.holdout_prompts,
+        examples=generated.examples, response_tokens=generated.response_tokens,
+        snapshot=_snapshot(ctx.storage.list_keys(f"{prefix}/data"), f"{prefix}/data"))
+    pinned = sources.target or PinnedSource()
+    lineage = DrafterLineage.written(
+        target=PinnedSource(uri=spec.target.uri, revision=pinned.revision, pinned_uri=pinned.pinned_uri),
+        data=data, parent=_parent(spec, sources.init, metrics.parent_tau),
+        recipe={name: getattr(spec, name).model_dump(mode="json")
+                for name in ("drafter", "training", "sampling", "validation")},
+        code=trained.environment or CodeEnvironment(),
+        training=TrainingLineage(steps=trained.steps, final_loss=trained.final_loss,
+                                 train_tau_estimate=trained.train_tau_estimate))
     return records.record_drafter(
-        target_revision=(sources.get("target") or {}).get("revision"),
-        target_fingerprint=prepared.get("fingerprint") or report.target_fingerprint or "",
-        config=config, metrics=metrics, lineage=lineage,
+        target_revision=pinned.revision,
+        target_fingerprint=prepared.fingerprint or report.target_fingerprint or "",
+        config=drafter_shape(drafter_config), metrics=metrics, lineage=lineage,
         manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest())
+
+
+def drafter_metrics(report: ValidationReport, serving_block: int) -> DrafterMetrics:
+    """The drafter's headline figures from its report.json, and how each engine serves it."""
+    return DrafterMetrics.written(
+        tau=report.tau, tau_per_position=report.tau_per_position,
+        acceptance_by_category=report.acceptance_by_category, oracle_tau=report.oracle_tau,
+        lossless_passed=bool(report.passed), greedy_mismatches=report.greedy.mismatches,
+        sampling_p_value=report.sampling.p_value, recommended_block_size=report.recommended_block_size,
+        speedup=report.speedup.ratio if report.speedup else None,
+        parent_tau=report.warm_start.parent_tau if report.warm_start else None,
+        serving=ServingSettings(
+            sglang=f"--speculative-algorithm DFLASH --speculative-num-draft-tokens {serving_block}",
+            vllm={"method": "dflash", "num_speculative_tokens": serving_block - 1},
+            llama_cpp=f"--spec-type draft-dflash --spec-draft-n-max {serving_block - 1}"))
+
+
+def drafter_shape(drafter_config: dict[str, Any]) -> DrafterShape:
+    """The shape a warm start from this drafter must keep, from its exported drafter/config.json."""
+    dflash = drafter_config.get("dflash_config") or {}
+    return DrafterShape.read({
+        "version": DrafterShape.VERSION, "hidden_size": drafter_config.get("hidden_size"),
+        "vocab_size": drafter_config.get("vocab_size"), "num_target_layers": drafter_config.get("num_target_layers"),
+        "target_layer_ids": dflash.get("target_layer_ids"), "mask_token_id": dflash.get("mask_token_id"),
+        "architecture": (drafter_config.get("architectures") or [None])[0]})
+
+
+def _parent(spec: JobSpec, pinned: PinnedSource | None, parent_tau: float | None) -> ParentLineage | None:
+    if spec.init is None:
+        return None
+    fetched = pinned or PinnedSource()
+    return ParentLineage(ref=spec.init.from_drafter, uri=fetched.uri, revision=fetched.revision,
+                         pinned_uri=fetched.pinned_uri, tau_on_this_target=parent_tau)
+
+
+def _snapshot(data_keys: dict[str, Any], location: str) -> DataSnapshot:
+    digest = hashlib.sha256(json.dumps(sorted(data_keys.items())).encode()).hexdigest()
+    return DataSnapshot(location=location, files=len(data_keys), digest=digest)
 
 
 def _read(ctx, key: str) -> bytes:

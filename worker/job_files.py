@@ -12,6 +12,7 @@ from domain.files import uploaded_prompts_key
 from domain.models import Job
 from domain.settings import Settings
 from schemas.job_spec import JobSpec
+from schemas.work_files import PinnedSource, PinnedSources
 from trainer.job_config import run_config_from_spec
 from trainer.pipeline import Launch, Layout
 from worker.context import WorkerContext
@@ -58,12 +59,11 @@ def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, 
     records the exact revisions in sources.json (and reports them through `reporter`); later stages, and a generate
     stage's helpers, fetch those revisions, whichever machine they run on."""
     sources_file = files.work / "sources.json"
-    if pin or not sources_file.is_file():
-        target_uri, source, base_uri = spec.target.uri, spec.data.source, spec.target.base
-    else:
-        pinned = json.loads(sources_file.read_text())
-        target_uri, source = pinned["target"]["pinned_uri"], pinned["prompts"]["pinned_uri"]
-        base_uri = pinned["base"]["pinned_uri"] if "base" in pinned else spec.target.base
+    # Not yet pinned (or a pin that cannot be read): the spec's own URIs, as prepare fetched them.
+    recorded = PinnedSources() if pin or not sources_file.is_file() else PinnedSources.load(sources_file)
+    target_uri = _pinned_or(recorded.target, spec.target.uri)
+    source = _pinned_or(recorded.prompts, spec.data.source)
+    base_uri = None if spec.target.base is None else _pinned_or(recorded.base, spec.target.base)
     cache = ctx.cache
     caller = Caller(job.org_id, ctx.session_factory)  # every fetch is judged for this organisation
     target = resolve_target(target_uri, ctx.settings, cache, caller=caller, allow_pickle=spec.target.allow_pickle,
@@ -78,27 +78,29 @@ def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, 
                               uploaded_key=uploaded_key, storage=ctx.storage, should_stop=should_stop)
     parent = None
     if spec.init is not None:  # a warm start: the parent drafter, pinned like the target
-        reference = spec.init.from_drafter if pin or not sources_file.is_file() else \
-            json.loads(sources_file.read_text()).get("init", {}).get("pinned_uri", spec.init.from_drafter)
-        parent = resolve_drafter(reference, ctx, job.org_id)
+        parent = resolve_drafter(_pinned_or(recorded.init, spec.init.from_drafter), ctx, job.org_id)
     if pin:
-        pinned = {"target": {"uri": spec.target.uri, "revision": target.revision,
-                             "pinned_uri": _pinned(spec.target.uri, target.revision)},
-                  "prompts": {"uri": source, "revision": prompts.revision,
-                              "pinned_uri": _pinned(source, prompts.revision)}}
-        if base is not None:
-            pinned["base"] = {"uri": spec.target.base, "revision": base.revision,
-                              "pinned_uri": _pinned(spec.target.base, base.revision)}
+        pins = {"target": _pin(spec.target.uri, target.revision), "prompts": _pin(source, prompts.revision)}
+        if base is not None and spec.target.base is not None:
+            pins["base"] = _pin(spec.target.base, base.revision)
         if spec.init is not None and parent is not None:
-            pinned["init"] = {"uri": spec.init.from_drafter, "revision": parent.revision,
-                              "pinned_uri": _pinned(spec.init.from_drafter, parent.revision)}
+            pins["init"] = _pin(spec.init.from_drafter, parent.revision)
         sources_file.parent.mkdir(parents=True, exist_ok=True)
-        sources_file.write_text(json.dumps(pinned, indent=2))
+        sources_file.write_text(json.dumps(PinnedSources.written(**pins).to_json(), indent=2))
         files.sync.push(sources_file)
         reporter.event(f"target {spec.target.uri}" + (f" pinned at revision {target.revision}" if target.revision else ""),
                        data={"target_revision": target.revision, "prompts_revision": prompts.revision})
     return {"target": target.path, "prompts": prompts.path, "parent_drafter": parent.path if parent else None,
             "base": base.path if base else None}
+
+
+def _pin(uri: str, revision: str | None) -> PinnedSource:
+    return PinnedSource(uri=uri, revision=revision, pinned_uri=_pinned(uri, revision))
+
+
+def _pinned_or(recorded: PinnedSource | None, uri: str) -> str:
+    """The URI prepare pinned, else `uri` (the spec's)."""
+    return recorded.pinned_uri if recorded is not None and recorded.pinned_uri else uri
 
 
 def _pinned(uri: str, revision: str | None) -> str:

@@ -77,14 +77,14 @@ def record_usage_in_own_session(ctx: WorkerContext, job_id: str, stage: Stage, *
                             tokens_generated=tokens_generated, tokens_trained=tokens_trained)
 
 
-class Beating:
-    """Work that keeps a row visibly alive: `beat(session)` runs on its own thread (Beat) from enter to exit; exit
-    then runs `finish()` and closes `session`, this object's own database session. A stage attempt
+class HeartbeatedWork:
+    """Work that keeps a row visibly alive: `beat(session)` runs on its own thread (a HeartbeatThread) from enter to
+    exit; exit then runs `finish()` and closes `session`, this object's own database session. A stage attempt
     (StageReporter) and a generate stage's shard claims (worker/shards.py ShardClaims) are both this."""
 
     def __init__(self, ctx: WorkerContext, name: str):
         self.session = ctx.session_factory()
-        self._heartbeat = Beat(ctx, name, self.beat)
+        self._heartbeat = HeartbeatThread(ctx, name, self.beat)
 
     def __enter__(self):
         self._heartbeat.start()
@@ -104,9 +104,9 @@ class Beating:
         """What to settle, in `session`, once the heartbeat has stopped."""
 
 
-class StageReporter(Beating, JobRecords):
+class StageReporter(HeartbeatedWork, JobRecords):
     def __init__(self, ctx: WorkerContext, job_id: str, stage: Stage):
-        Beating.__init__(self, ctx, f"heartbeat-{job_id}")
+        HeartbeatedWork.__init__(self, ctx, f"heartbeat-{job_id}")
         JobRecords.__init__(self, ctx, job_id, stage, self.session)
         self.stop_reason: str | None = None
         self._pending_metrics: list[tuple[int, dict[str, float]]] = []
@@ -166,7 +166,7 @@ class StageReporter(Beating, JobRecords):
             self.stop_reason = "cancellation requested"
 
 
-class Beat:
+class HeartbeatThread:
     """`beat(session)` every DRAFTSMITH_WORKER_HEARTBEAT_SECONDS on a thread with its own database session, from
     start() to stop(): what keeps a stage attempt, or a generate shard's claim (worker/shards.py), visibly alive
     while the work computes. A failing beat is logged and tried again at the next: a database blip must not stop

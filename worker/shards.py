@@ -28,7 +28,7 @@ from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.pipeline import StageHooks, run_stage
 from worker.context import WorkerContext
 from worker.job_files import JobFiles, job_run_config, launch_for
-from worker.reporting import DRAINING, FLUSH_SECONDS, Beating, JobRecords, StageReporter, draining
+from worker.reporting import DRAINING, FLUSH_SECONDS, HeartbeatedWork, JobRecords, StageReporter, draining
 from worker.usage import StageUsage
 
 log = logging.getLogger("draftsmith.worker")
@@ -38,7 +38,7 @@ SendHelpers = Callable[[str, int], None]
 """Ask `count` other GPU-queue workers to help generate job `job_id` (worker/app.py send_generate_helpers)."""
 
 
-class ShardClaims(Beating):
+class ShardClaims(HeartbeatedWork):
     """trainer.data.regenerate.ShardPlan over the database's claims, for the lead (`reporter` given: it reports
     the job's progress summed over every shard, asks for helpers with `send_helpers` and waits for the others) or
     a helper."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from domain.jobs import load_stored_spec
 from domain.models import Job
 from schemas.stages import Stage
+from schemas.work_files import StageMarker
 from trainer.lineage import environment
 from trainer.pipeline import StageHooks, run_stage
 from worker.context import WorkerContext
@@ -56,7 +57,7 @@ def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageRe
     if files.sync.has(marker):
         files.sync.pull(marker)
         reporter.event(f"{stage}: its output is already complete in storage; not running it again")
-        return {**json.loads((files.work / marker).read_text()), "reused": True}
+        return {**StageMarker.load(files.work / marker).summary(), "reused": True}
     spec = load_stored_spec(job.spec)
     if stage is Stage.PUBLISH:
         from worker.publish import publish_job
@@ -85,7 +86,9 @@ def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageRe
             info["environment"] = environment()
         if stage is Stage.EXPORT:
             _register_artifacts(ctx, job.id, files.layout.out, reporter)
-    ctx.storage.put_bytes(f"jobs/{job.id}/work/{marker}", json.dumps(info, default=str).encode())
+    # A summary's own keys are kept as they are; anything not JSON is written as its text, as it always was.
+    stored = StageMarker.written(**info).model_dump(mode="json", exclude_unset=True, fallback=str)
+    ctx.storage.put_bytes(f"jobs/{job.id}/work/{marker}", json.dumps(stored).encode())
     return info
 
 

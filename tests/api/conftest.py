@@ -10,18 +10,16 @@ loudly); by default an unreachable server is an error, not a silent skip.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from api_harness import Harness, build_harness, make_settings
+from services import fresh_postgres_database  # tests/services.py
 
-sys.path.insert(0, str(Path(__file__).parent))  # api_harness and fake_stage_runner live next to the tests
+from migrations.revisions import upgrade
 
-from migrations.revisions import upgrade  # noqa: E402
-from api_harness import Harness, build_harness, make_settings  # noqa: E402
-from services import fresh_postgres_database  # noqa: E402 - tests/services.py
 
 def _fresh_postgres_database(prefix: str) -> tuple[str, Any]:
     """Create a uniquely named database; return its URL and a function that drops it."""

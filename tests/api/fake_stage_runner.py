@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from domain import runs as runner
+from domain import runs
 from domain.states import JobStatus, Stage
 from domain.storage import LocalStorage, S3Storage
 from schemas.validation_report import REPORT_VERSION, ValidationReport
@@ -34,16 +34,16 @@ class FakeStageRunner:
     def run_stage(self, job_id: str, *, train_steps: int = 5, finish: bool = True) -> Stage | None:
         """Claim the next stage, report progress and outputs, and (by default) finish it."""
         with self.session_factory() as session:
-            stage = runner.next_stage(session, job_id)
+            stage = runs.next_stage(session, job_id)
             if stage is None:
                 return None
-            runner.claim_stage(session, job_id, stage, worker_id=self.worker_id)
-            runner.record_event(session, job_id, f"{stage}: half way", progress=50.0)
+            runs.claim_stage(session, job_id, stage, worker_id=self.worker_id)
+            runs.record_event(session, job_id, f"{stage}: half way", progress=50.0)
             if stage is Stage.TRAIN:
                 for step in range(train_steps):
-                    runner.record_metrics(session, job_id, step, {"loss": 3.0 / (step + 1), "lr": 6e-4})
+                    runs.record_metrics(session, job_id, step, {"loss": 3.0 / (step + 1), "lr": 6e-4})
             if stage is Stage.VALIDATE:
-                runner.record_metrics(session, job_id, train_steps, {"tau": 2.5})
+                runs.record_metrics(session, job_id, train_steps, {"tau": 2.5})
                 self._store(session, job_id, "validation_report.json",
                             json.dumps(FAKE_REPORT.to_json()).encode(), kind="report",
                             content_type="application/json")
@@ -51,7 +51,7 @@ class FakeStageRunner:
                 self._store(session, job_id, "drafter/model.safetensors", os.urandom(4096) + job_id.encode(),
                             kind="safetensors")
             if finish:
-                runner.finish_stage(session, job_id, stage)
+                runs.finish_stage(session, job_id, stage)
             return stage
 
     def _store(self, session: Session, job_id: str, name: str, data: bytes, *, kind: str,
@@ -59,8 +59,8 @@ class FakeStageRunner:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "artifact"
             path.write_bytes(data)
-            artifact = runner.store_artifact(session, self.storage, job_id, name, path, kind=kind,
-                                             content_type=content_type)
+            artifact = runs.store_artifact(session, self.storage, job_id, name, path, kind=kind,
+                                           content_type=content_type)
         assert artifact.sha256 == hashlib.sha256(data).hexdigest()
         self.artifact_bytes[f"{job_id}/{name}"] = data
 
@@ -68,16 +68,16 @@ class FakeStageRunner:
         """Run stages until the job finishes, fails at `fail_at`, or a cancellation is observed."""
         while True:
             with self.session_factory() as session:
-                if runner.cancellation_requested(session, job_id):
-                    runner.acknowledge_cancellation(session, job_id)
+                if runs.cancellation_requested(session, job_id):
+                    runs.acknowledge_cancellation(session, job_id)
                     break
-                stage = runner.next_stage(session, job_id)
+                stage = runs.next_stage(session, job_id)
                 if stage is None:
                     break
                 if stage == fail_at:
-                    runner.claim_stage(session, job_id, stage, worker_id=self.worker_id)
-                    runner.fail_job(session, job_id, code="fake_failure", message=f"injected failure in {stage}",
-                                    stage=stage)
+                    runs.claim_stage(session, job_id, stage, worker_id=self.worker_id)
+                    runs.fail_job(session, job_id, code="fake_failure", message=f"injected failure in {stage}",
+                                  stage=stage)
                     break
             self.run_stage(job_id)
         with self.session_factory() as session:

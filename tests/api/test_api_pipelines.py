@@ -9,7 +9,7 @@ import json
 
 from sqlalchemy import delete, select
 
-from domain import runs as runner
+from domain import runs
 from domain.models import Organisation, WebhookDelivery
 from domain.queue import RUN_AUDIT_TASK
 from domain.states import Stage
@@ -23,19 +23,19 @@ def succeeded_with_drafter(harness, org, body, *, tau=1.5, parent_tau=None) -> t
     job_id = harness.create_job(org, body)["id"]
     while True:
         with harness.services.session_factory() as session:
-            stage = runner.next_stage(session, job_id)
+            stage = runs.next_stage(session, job_id)
         if stage is Stage.PUBLISH:
             break
         harness.runner.run_stage(job_id)
     harness.runner.run_stage(job_id, finish=False)
     with harness.services.session_factory() as session:
-        drafter_id = runner.record_drafter(
+        drafter_id = runs.record_drafter(
             session, job_id, target_revision="abc123", target_fingerprint="sha256:" + "f" * 32,
             config={"hidden_size": 576, "target_layer_ids": [1, 14, 27], "mask_token_id": 16},
             metrics={"tau": tau, "lossless_passed": True, "greedy_mismatches": 0, "sampling_p_value": 0.4,
                      "recommended_block_size": 3, "parent_tau": parent_tau},
             lineage={"data": {"source": "builtin"}, "code": {"draftsmith": "0.1.0"}}, manifest_sha256="a" * 64)
-        runner.finish_stage(session, job_id, Stage.PUBLISH)
+        runs.finish_stage(session, job_id, Stage.PUBLISH)
     return job_id, drafter_id
 
 
@@ -140,8 +140,8 @@ def test_quotas_are_enforced_at_submit_with_a_429_naming_the_limit(harness):
         session.commit()
     job = harness.create_job(org, SPEC)  # under the limit: admitted
     with harness.services.session_factory() as session:
-        runner.record_usage(session, job["id"], Stage.GENERATE, compute_seconds=12.5, tokens_generated=1000)
-        runner.record_usage(session, job["id"], Stage.TRAIN, compute_seconds=30, tokens_trained=4096)
+        runs.record_usage(session, job["id"], Stage.GENERATE, compute_seconds=12.5, tokens_generated=1000)
+        runs.record_usage(session, job["id"], Stage.TRAIN, compute_seconds=30, tokens_trained=4096)
     usage = harness.client.get("/v1/usage", headers=org.headers).json()
     assert usage["usage"] == {"compute_seconds": 42.5, "tokens_generated": 1000, "tokens_trained": 4096}
     assert usage["limits"] == {"compute_seconds": None, "tokens_generated": 1000, "tokens_trained": None}

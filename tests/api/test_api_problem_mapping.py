@@ -7,23 +7,23 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-import domain.errors as domain
 from api import problems
 from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE, install_problem_handlers
+from domain import errors
 
 EXPECTED_STATUS = {
-    domain.DomainError: 400,
-    domain.InvalidRequest: 422,
-    domain.NotFound: 404,
-    domain.Conflict: 409,
-    domain.InvalidTransition: 409,
-    domain.IdempotencyConflict: 409,
-    domain.StageConflict: 409,
-    domain.CancellationPending: 409,
-    domain.StageBusy: 409,
-    domain.TooManyActiveJobs: 429,
-    domain.QuotaExceeded: 429,
-    domain.ServiceUnavailable: 503,
+    errors.DomainError: 400,
+    errors.InvalidRequest: 422,
+    errors.NotFound: 404,
+    errors.Conflict: 409,
+    errors.InvalidTransition: 409,
+    errors.IdempotencyConflict: 409,
+    errors.StageConflict: 409,
+    errors.CancellationPending: 409,
+    errors.StageBusy: 409,
+    errors.TooManyActiveJobs: 429,
+    errors.QuotaExceeded: 429,
+    errors.ServiceUnavailable: 503,
     problems.Unauthenticated: 401,
     problems.Forbidden: 403,
     problems.PayloadTooLarge: 413,
@@ -31,7 +31,7 @@ EXPECTED_STATUS = {
 
 
 def every_error_class() -> set[type]:
-    found, todo = set(), [domain.DomainError]
+    found, todo = set(), [errors.DomainError]
     while todo:
         kind = todo.pop()
         found.add(kind)
@@ -57,8 +57,8 @@ def client() -> TestClient:
     @app.get("/raise/{name}")
     def raise_it(name: str) -> None:
         kind = {kind.__name__: kind for kind in EXPECTED_STATUS}[name]
-        raise kind(f"{name} happened", errors=[domain.FieldError(field="x.y", message="fix it")],
-                   retry_after_seconds=7 if kind is domain.ServiceUnavailable else None, extra={"job_id": "j1"})
+        raise kind(f"{name} happened", errors=[errors.FieldError(field="x.y", message="fix it")],
+                   retry_after_seconds=7 if kind is errors.ServiceUnavailable else None, extra={"job_id": "j1"})
 
     return TestClient(app)
 
@@ -72,7 +72,7 @@ def test_each_error_answers_as_a_problem(client, kind):
     assert body["type"] == PROBLEM_TYPE_BASE + kind.slug and body["title"] == kind.title
     assert body["detail"] == f"{kind.__name__} happened" and body["instance"] == f"/raise/{kind.__name__}"
     assert body["errors"] == [{"field": "x.y", "message": "fix it"}] and body["job_id"] == "j1"
-    assert ("Retry-After" in response.headers) == (kind is domain.ServiceUnavailable)
-    if kind is domain.ServiceUnavailable:
+    assert ("Retry-After" in response.headers) == (kind is errors.ServiceUnavailable)
+    if kind is errors.ServiceUnavailable:
         assert response.headers["Retry-After"] == "7"
     assert ("WWW-Authenticate" in response.headers) == (kind is problems.Unauthenticated)

@@ -5,15 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # bench/ is the repository's package, not the installed project's
-
-from bench import gpu_bundle  # noqa: E402
+from bench import gpu_bundle
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # bench/ is the repository's package, not the installed project's
 
 from bench import gpu_bundle  # noqa: E402
 

@@ -7,25 +7,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from test_data import write_prompts
+from tiny_targets import make_tiny_target
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # bench/ is the repository's package, not the installed project's
-sys.path.insert(0, str(ROOT / "tests" / "trainer"))
-
-from test_data import write_prompts  # noqa: E402
-from tiny_targets import make_tiny_target  # noqa: E402
-
-from bench import specforge_peer  # noqa: E402
-from schemas.sampling import SamplingParams  # noqa: E402
-from trainer.data.prompts import load_prompts  # noqa: E402
-from trainer.data.regenerate import regenerate  # noqa: E402
-from trainer.drafter.config import DrafterConfig  # noqa: E402
-from trainer.targets import load_target  # noqa: E402
+from bench import specforge_peer
+from schemas.sampling import SamplingParams
+from trainer.data.prompts import load_prompts
+from trainer.data.regenerate import regenerate
+from trainer.drafter.config import DrafterConfig
+from trainer.targets import load_target
 
 SPECFORGE_PYTHON = specforge_peer.DEFAULT_VENV / "bin" / "python"
 

@@ -4,13 +4,8 @@ the same prompts (paired), and a row measured on other prompts gets no differenc
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # bench/ is the repository's package, not the installed project's
-
-from bench import recipe_study  # noqa: E402
+from bench import recipe_study
 
 
 def _row(name: str, per_prompt: list[tuple[int, int]], sampled: list[tuple[int, int]] | None) -> dict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,18 +19,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from api_harness import make_settings
+from dashboard_browser import SAVED, TIMEOUT_MS, sign_in
+from dashboard_job_driver import JobDriver, sample_records, sample_report
+from dashboard_live_server import CuttableProxy, LiveServer
 
-sys.path.insert(0, str(Path(__file__).parent))  # dashboard_live_server, dashboard_job_driver, dashboard_browser
-sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # api_harness.make_settings: the API tests' settings
-
-from api.auth import create_api_key  # noqa: E402
-from migrations.revisions import upgrade  # noqa: E402
-from api.deps import Services, services_for  # noqa: E402
-from api.main import create_app  # noqa: E402
-from api_harness import make_settings  # noqa: E402
-from dashboard_browser import SAVED, TIMEOUT_MS, sign_in  # noqa: E402
-from dashboard_job_driver import JobDriver, sample_records, sample_report  # noqa: E402
-from dashboard_live_server import CuttableProxy, LiveServer  # noqa: E402
+from api.auth import create_api_key
+from api.deps import Services, services_for
+from api.main import create_app
+from migrations.revisions import upgrade
 
 CHROMIUM = os.environ.get("DRAFTSMITH_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from domain import runs as runner
+from domain import runs
 from domain.storage import LocalStorage, S3Storage
 from trainer.pipeline import step_metrics  # how the worker flattens a training record into metric points
 
@@ -70,21 +70,21 @@ class JobDriver:
 
     def claim(self, job_id: str, stage: str) -> None:
         with self.session_factory() as session:
-            runner.claim_stage(session, job_id, stage, worker_id=self.worker_id)
+            runs.claim_stage(session, job_id, stage, worker_id=self.worker_id)
 
     def event(self, job_id: str, message: str, *, progress: float | None = None, level: str = "info") -> None:
         with self.session_factory() as session:
-            runner.record_event(session, job_id, message, progress=progress, level=level)
+            runs.record_event(session, job_id, message, progress=progress, level=level)
 
     def finish(self, job_id: str, stage: str) -> None:
         with self.session_factory() as session:
-            runner.finish_stage(session, job_id, stage)
+            runs.finish_stage(session, job_id, stage)
 
     def store(self, job_id: str, name: str, data: bytes, *, kind: str, content_type: str) -> None:
         with tempfile.TemporaryDirectory() as tmp, self.session_factory() as session:
             path = Path(tmp) / "artifact"
             path.write_bytes(data)
-            runner.store_artifact(session, self.storage, job_id, name, path, kind=kind, content_type=content_type)
+            runs.store_artifact(session, self.storage, job_id, name, path, kind=kind, content_type=content_type)
         self.stored[f"{job_id}/{name}"] = data
 
     def backdate(self, job_id: str, stage: str, seconds: float) -> None:
@@ -110,10 +110,10 @@ class JobDriver:
         last = records[-1]["step"] if records else 0
         with self.session_factory() as session:
             for record in records:
-                runner.record_metrics(session, job_id, record["step"], step_metrics(record))
+                runs.record_metrics(session, job_id, record["step"], step_metrics(record))
                 if record["step"] % 50 == 0 or record is records[-1]:
-                    runner.record_event(session, job_id, f"step {record['step']} loss {record['loss']:.3f}",
-                                        progress=100.0 * record["step"] / max(last, 1))
+                    runs.record_event(session, job_id, f"step {record['step']} loss {record['loss']:.3f}",
+                                      progress=100.0 * record["step"] / max(last, 1))
         if finish:
             self.finish(job_id, "train")
 
@@ -125,7 +125,7 @@ class JobDriver:
         self.store(job_id, "report.json", json.dumps(report, indent=2).encode(), kind="report",
                    content_type="application/json")
         with self.session_factory() as session:
-            runner.record_metrics(session, job_id, 0, {"tau": report["tau"], "speedup": report["speedup"]["ratio"]})
+            runs.record_metrics(session, job_id, 0, {"tau": report["tau"], "speedup": report["speedup"]["ratio"]})
         self.finish(job_id, "validate")
 
     def export(self, job_id: str, report: dict, records: list[dict]) -> None:
@@ -156,4 +156,4 @@ class JobDriver:
     def fail(self, job_id: str, stage: str, message: str) -> None:
         self.claim(job_id, stage)
         with self.session_factory() as session:
-            runner.fail_job(session, job_id, code="worker_lost", message=message, stage=stage)
+            runs.fail_job(session, job_id, code="worker_lost", message=message, stage=stage)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ import torch
 from test_data import write_prompts
 from tiny_targets import make_tiny_target
 
-from schemas.audit import AuditThresholds
+from schemas.audit import AuditResult, AuditThresholds
 from schemas.sampling import SamplingParams
 from trainer.audit import audit_drafter, recommend
 from trainer.data.prompts import load_prompts, split_prompts
@@ -24,8 +22,6 @@ from trainer.pipeline import Layout, RunConfig, open_job, run_stage
 from trainer.targets import load_target
 from trainer.training.config import TrainConfig
 from trainer.training.init import IncompatibleDrafter, initial_drafter
-
-sys.path.insert(0, os.path.dirname(__file__))
 
 STAGES = ("prepare", "generate", "train", "validate")
 
@@ -89,7 +85,8 @@ def audit(world, target_dir, **kwargs):
 
 @pytest.fixture(scope="module")
 def audits(world):
-    return {"own": audit(world, world["base"]), "tuned": audit(world, world["tuned"])}
+    # As the audit row stores it (AuditResult.to_json()): the plain object the service answers with.
+    return {"own": audit(world, world["base"]).to_json(), "tuned": audit(world, world["tuned"]).to_json()}
 
 
 def test_an_audit_against_its_own_target_reproduces_validation_and_recommends_keep(world, audits):
@@ -101,6 +98,7 @@ def test_an_audit_against_its_own_target_reproduces_validation_and_recommends_ke
     assert report["compatibility"]["fingerprint"]["same"] and report["lossless"]["passed"]
     assert report["recommendation"]["action"] == "keep" and report["recommendation"]["gain_ratio"] == 1.0
     assert report["reference"]["delta"] == 0.0
+    assert AuditResult.read(report).version == AuditResult.VERSION
 
 
 def test_an_audit_against_another_fine_tune_reports_the_drop_and_recommends_a_warm_start(world, audits):
@@ -113,17 +111,17 @@ def test_an_audit_against_another_fine_tune_reports_the_drop_and_recommends_a_wa
     # The organisation's thresholds decide: a lax rule would still not keep a drafter whose fingerprint changed.
     lax = AuditThresholds(keep_min_gain_ratio=0.0, warm_start_min_gain_ratio=0.0)
     assert recommend(report["tau"], world["report"]["tau"], lossless=True, same_fingerprint=False,
-                     thresholds=lax)["action"] == "warm_start"
+                     thresholds=lax).action == "warm_start"
 
 
 def test_the_recommendation_follows_the_thresholds():
     rule = AuditThresholds()
-    assert recommend(1.3, 1.32, lossless=True, same_fingerprint=True, thresholds=rule)["action"] == "keep"
-    assert recommend(1.2, 1.32, lossless=True, same_fingerprint=True, thresholds=rule)["action"] == "warm_start"
-    assert recommend(1.05, 1.32, lossless=True, same_fingerprint=True, thresholds=rule)["action"] == "retrain"
-    assert recommend(1.32, 1.32, lossless=False, same_fingerprint=True, thresholds=rule)["action"] == "retrain"
+    assert recommend(1.3, 1.32, lossless=True, same_fingerprint=True, thresholds=rule).action == "keep"
+    assert recommend(1.2, 1.32, lossless=True, same_fingerprint=True, thresholds=rule).action == "warm_start"
+    assert recommend(1.05, 1.32, lossless=True, same_fingerprint=True, thresholds=rule).action == "retrain"
+    assert recommend(1.32, 1.32, lossless=False, same_fingerprint=True, thresholds=rule).action == "retrain"
     assert recommend(1.5, None, lossless=True, same_fingerprint=True,
-                     thresholds=AuditThresholds(min_tau=1.4))["action"] == "keep"
+                     thresholds=AuditThresholds(min_tau=1.4)).action == "keep"
 
 
 def test_an_incompatible_drafter_is_refused_naming_the_mismatch(world):

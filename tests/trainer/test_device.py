@@ -129,10 +129,10 @@ def test_every_stage_loads_the_target_with_the_jobs_plan_and_says_so(loads, tiny
     # ... and a job asking for a GPU on this CPU-only machine fails before any work, naming `device`.
     refused = open_job(RunConfig(target=str(tiny_dir), device="cuda"), job.layout, hooks, Launch())
     with pytest.raises(DeviceUnavailable, match="device 'cuda' needs a GPU"):
-        refused.target
+        refused.target  # noqa: B018 (the property raises)
     worker_cpu = open_job(RunConfig(target=str(tiny_dir), device="cuda"), job.layout, hooks, Launch(device="cpu"))
     with pytest.raises(DeviceUnavailable, match="DRAFTSMITH_WORKER_DEVICE='cpu'"):
-        worker_cpu.target
+        worker_cpu.target  # noqa: B018 (the property raises)
 
 
 def test_the_audit_and_the_cli_load_with_the_plan(loads, tiny_dir, monkeypatch):

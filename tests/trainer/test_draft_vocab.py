@@ -11,8 +11,8 @@ from test_lossless_sampling import CASES, goodness_of_fit, peaked_target  # noqa
 
 from schemas.sampling import SamplingParams
 from trainer.drafter.checkpoint import load_drafter, save_drafter
-from trainer.errors import DrafterError
 from trainer.drafter.draft_vocab import coverage, frequency_ranked_vocab, load_draft_vocab, save_draft_vocab
+from trainer.errors import DrafterError
 from trainer.speculative import SpeculativeDecoder
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=30)
@@ -64,7 +64,7 @@ def test_greedy_output_unchanged_with_a_small_draft_vocabulary(tiny_qwen3, varia
 
 
 @pytest.mark.parametrize(("variant", "params"), [CASES[0], CASES[3]], ids=["dflash2-T1", "dflash-T0.7-topp-topk"])
-def test_sampling_still_follows_the_target_with_a_draft_vocabulary(peaked_target, variant, params):
+def test_sampling_still_follows_the_target_with_a_draft_vocabulary(peaked_target, variant, params):  # noqa: F811
     drafter = random_drafter(peaked_target, variant, block_size=3, selector_top_k=4, selector_rank=8, scale=0.5)
     drafter.draft_vocab = torch.tensor([2, 3, 5, 8, 9, 11, 12, 14])
     assert goodness_of_fit(peaked_target, drafter, params) > 1e-3

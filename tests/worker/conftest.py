@@ -5,21 +5,16 @@ stage (GGUF export included) runs in seconds."""
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # worker_harness
-sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: services, hub_standin, tiny_targets
-
-from hub_standin import HubStandIn  # noqa: E402
-from services import RedisServer, fresh_postgres_database, inherited_env, moto_server, start_api  # noqa: E402
-from tiny_targets import make_bpe_target  # noqa: E402
-from worker_harness import API_KEY, HUB_TOKEN, STORAGE_BUCKET, Service  # noqa: E402
+from hub_standin import HubStandIn
+from services import RedisServer, fresh_postgres_database, inherited_env, moto_server, start_api
+from tiny_targets import make_bpe_target
+from worker_harness import API_KEY, HUB_TOKEN, STORAGE_BUCKET, Service
 
 
 @pytest.fixture(scope="session")

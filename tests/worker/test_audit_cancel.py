@@ -1,27 +1,23 @@
 """Issue 32, item 2, in the worker: `POST /v1/audits/{id}/cancel` stops a running audit within seconds (the heartbeat
 sees `cancelling`, the measurement's next progress call raises), and a cancelled queued audit is never started.
 
-`run_audit` (worker/audits.py) runs in this process on PostgreSQL, as the Celery task would; the measurement
+`execute_audit` (worker/audits.py) runs in this process on PostgreSQL, as the Celery task would; the measurement
 (`trainer.audit.run_audit`) is replaced by one that reports progress until it is stopped, so the test measures
 the worker's plumbing, not a model. The API's side: tests/api/test_api_audit_limits.py."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from api_harness import Harness, build_harness, make_settings
+from services import fresh_postgres_database
 from sqlalchemy import func, select
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # the API tests' harness
-
-from domain.models import Audit, UsageRecord  # noqa: E402
-from domain.queue import all_queues  # noqa: E402
-from api_harness import Harness, build_harness, make_settings  # noqa: E402
-from services import fresh_postgres_database  # noqa: E402
+from domain.models import Audit, UsageRecord
+from domain.queue import all_queues
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +68,14 @@ def submit(harness: Harness, org) -> str:
 
 
 def test_cancelling_a_running_audit_stops_its_worker_within_seconds(harness, measuring):
-    from worker.audits import run_audit
+    from worker.audits import execute_audit
     from worker.context import WorkerContext
 
     ctx = WorkerContext(harness.settings, frozenset(all_queues(harness.settings)))
     org = harness.new_org()
     audit_id = submit(harness, org)
     result: dict = {}
-    worker = threading.Thread(target=lambda: result.setdefault("outcome", run_audit(ctx, audit_id)), daemon=True)
+    worker = threading.Thread(target=lambda: result.setdefault("outcome", execute_audit(ctx, audit_id)), daemon=True)
     worker.start()
     assert measuring["started"].wait(60), "the audit never started measuring"
     time.sleep(0.5)  # a few progress steps: it is really running
@@ -101,14 +97,14 @@ def test_cancelling_a_running_audit_stops_its_worker_within_seconds(harness, mea
 
 
 def test_a_cancelled_queued_audit_is_never_started(harness, measuring):
-    from worker.audits import run_audit
+    from worker.audits import execute_audit
     from worker.context import WorkerContext
 
     ctx = WorkerContext(harness.settings, frozenset(all_queues(harness.settings)))
     org = harness.new_org()
     audit_id = submit(harness, org)
     assert harness.client.post(f"/v1/audits/{audit_id}/cancel", headers=org.headers).json()["status"] == "cancelled"
-    assert run_audit(ctx, audit_id) == "nothing_to_do"  # its message was still in the broker
+    assert execute_audit(ctx, audit_id) == "nothing_to_do"  # its message was still in the broker
     assert not measuring["started"].is_set()
     with harness.services.session_factory() as session:
         row = session.get(Audit, audit_id)

@@ -18,17 +18,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # the API tests' harness and fake stage runner
-
-from api_harness import Harness, build_harness, make_settings  # noqa: E402
-from services import fresh_postgres_database, moto_server  # noqa: E402
+from api_harness import Harness, build_harness, make_settings
+from services import fresh_postgres_database, moto_server
 
 BUCKET, PRIVATE = "draftsmith-egress", "a-private"
 KEYS = {"region_name": "us-east-1", "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
@@ -36,7 +32,7 @@ KEYS = {"region_name": "us-east-1", "aws_access_key_id": "testing", "aws_secret_
 
 def this_machines_link_local() -> tuple[str, str] | None:
     """(address, interface) of an IPv6 link-local address this machine has, or None."""
-    for index, name in socket.if_nameindex():
+    for _, name in socket.if_nameindex():
         try:
             with open("/proc/net/if_inet6") as table:
                 for line in table:

@@ -13,23 +13,20 @@ tests/api/test_api_hub_tenancy.py."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from api_harness import Harness, build_harness, make_settings
+from hub_standin import HubStandIn
+from services import fresh_postgres_database
 from sqlalchemy import select
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # the API tests' harness and fake stage runner
-
-from domain import runs as runner  # noqa: E402
-from domain.models import Audit, Job, new_id  # noqa: E402
-from domain.queue import all_queues  # noqa: E402
-from api_harness import Harness, build_harness, make_settings  # noqa: E402
-from hub_standin import HubStandIn  # noqa: E402
-from schemas.job_spec import JobSpec  # noqa: E402
-from services import fresh_postgres_database  # noqa: E402
+from domain import runs
+from domain.models import Audit, Job, new_id
+from domain.queue import all_queues
+from schemas.job_spec import JobSpec
 
 DEPLOYMENT_TOKEN = "hf_deployment_token_reads_everything_01"
 B_TOKEN = "hf_org_b_own_token_reads_orgb_only_0123"
@@ -101,7 +98,7 @@ def outcome(harness: Harness, job_id: str) -> tuple[str, str | None, str, str | 
 
 
 def test_the_deployments_token_is_never_sent_for_an_untrusted_namespace(harness, ctx, hub):
-    from worker.audits import run_audit
+    from worker.audits import execute_audit
     from worker.runner import Outcome, run_job
 
     b = harness.new_org()  # no Hub secret of its own
@@ -126,7 +123,7 @@ def test_the_deployments_token_is_never_sent_for_an_untrusted_namespace(harness,
         session.add(audit)
         session.commit()
         audit_id = audit.id
-    assert run_audit(ctx, audit_id) == "failed"
+    assert execute_audit(ctx, audit_id) == "failed"
     with harness.services.session_factory() as session:
         assert session.scalar(select(Audit.error_code).where(Audit.id == audit_id)) == "drafter_not_found"
     # Hostile publishes stored behind the API's back: refused before anything is sent to the Hub at all.
@@ -186,8 +183,8 @@ def test_the_organisations_own_token_is_sent_and_a_trusted_namespace_gets_the_de
             local = Path(ctx.cache) / "upload" / name
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_bytes(data)
-            runner.store_artifact(session, harness.services.storage, job_id, name, local, kind="json",
-                                  content_type="application/json")
+            runs.store_artifact(session, harness.services.storage, job_id, name, local, kind="json",
+                                content_type="application/json")
     assert run_job(ctx, job_id, lambda job, stage: None) is Outcome.SUCCEEDED, outcome(harness, job_id)
     assert "drafter/config.json" in hub.repos["model/orgb/published"].commits[-1][1]
     assert sent(hub, "orgb/published") == {f"Bearer {B_TOKEN}"}

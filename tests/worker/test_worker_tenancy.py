@@ -1,7 +1,7 @@
 """Issue 20 in the worker, on PostgreSQL with S3 storage in a real `moto_server`: specs are stored, so the worker
 judges every URI again before it fetches or publishes. A hostile spec injected straight into the database (as a
 compromised or hand-edited row would be) names organisation A's objects through every URI-bearing field; the
-worker (`run_job`, `run_audit`, in this process) fails the job with `storage_not_allowed` naming the URI, and
+worker (`run_job`, `execute_audit`, in this process) fails the job with `storage_not_allowed` naming the URI, and
 nothing of A's is read into B's job or written over: A's objects are byte for byte what they were.
 
 The API's refusal of the same specs: tests/api/test_api_tenancy.py. Jobs here stop before any model is loaded;
@@ -11,23 +11,20 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
+from api_harness import Harness, build_harness, make_settings
+from services import fresh_postgres_database, moto_server
 from sqlalchemy import select
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "api"))  # the API tests' harness and fake stage runner
-
-from domain.models import Audit, Job, new_id  # noqa: E402
-from domain.queue import all_queues  # noqa: E402
-from domain.states import Stage  # noqa: E402
-from api_harness import Harness, build_harness, make_settings  # noqa: E402
-from schemas.job_spec import JobSpec  # noqa: E402
-from services import fresh_postgres_database, moto_server  # noqa: E402
+from domain.models import Audit, Job, new_id
+from domain.queue import all_queues
+from domain.states import Stage
+from schemas.job_spec import JobSpec
 
 BUCKET, OTHER_BUCKET = "draftsmith-w-tenancy", "b-other-bucket"
 MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
@@ -49,8 +46,7 @@ def harness(tmp_path_factory) -> Iterator[Harness]:
                                      s3_endpoint_url=endpoint, s3_access_key_id="testing",
                                      s3_secret_access_key="testing",
                                      worker_cache_dir=str(tmp_path_factory.mktemp("worker-cache")))
-            for built in build_harness(settings):
-                yield built
+            yield from build_harness(settings)
     finally:
         drop()
 
@@ -163,7 +159,7 @@ def test_a_hostile_publish_destination_is_refused_before_anything_is_copied(harn
 
 
 def test_a_hostile_audit_drafter_fails_the_audit(harness, ctx, organisation_a):
-    from worker.audits import run_audit
+    from worker.audits import execute_audit
 
     a, _, a_job = organisation_a
     b = harness.new_org()
@@ -176,7 +172,7 @@ def test_a_hostile_audit_drafter_fails_the_audit(harness, ctx, organisation_a):
         session.commit()
         audit_id = audit.id
     before = s3_objects(harness)
-    assert run_audit(ctx, audit_id) == "failed"
+    assert execute_audit(ctx, audit_id) == "failed"
     with harness.services.session_factory() as session:
         row = session.scalar(select(Audit).where(Audit.id == audit_id))
         assert (row.status, row.error_code) == ("failed", "storage_not_allowed") and drafter in row.error_message
@@ -221,7 +217,7 @@ def test_a_secret_endpoint_into_our_storage_reaches_nothing_of_a_by_any_route(ha
     the worker on every route: data source, target, warm start, publish destination, the audit's drafter and
     prompts; and the numeric alias `s3://127.1/<our bucket>/...` is refused at the API and in the worker."""
     import domain.secrets
-    from worker.audits import run_audit
+    from worker.audits import execute_audit
     from worker.runner import Outcome, run_job
     from worker.sources import Caller, StorageNotAllowed, open_s3, resolve_prompts
 
@@ -297,7 +293,7 @@ def test_a_secret_endpoint_into_our_storage_reaches_nothing_of_a_by_any_route(ha
             session.add(audit)
             session.commit()
             audit_id = audit.id
-        assert run_audit(ctx, audit_id) == "failed"
+        assert execute_audit(ctx, audit_id) == "failed"
         with harness.services.session_factory() as session:
             row = session.get(Audit, audit_id)
             assert row.error_code == "storage_not_allowed", (spec, row.error_code, row.error_message)

@@ -16,9 +16,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
+from schemas.work_files import PreparedTarget
 from trainer.errors import DraftsmithError, StageInterrupted
 
 POLL_SECONDS = 1.0
@@ -39,7 +41,7 @@ def training_command(nproc: int, hostfile: str | None, spec_file: Path, master_p
             f"--master-port={master_port}", "-m", "trainer.training.launch", str(spec_file)]
 
 
-def _trainer(config, prepared: dict, data_dir: Path, run_dir: Path, target, callbacks, should_stop, on_saved):
+def _trainer(config, prepared: PreparedTarget | Mapping[str, Any], data_dir: Path, run_dir: Path, target, callbacks, should_stop, on_saved):
     from trainer.data.store import DataStore
     from trainer.pipeline import drafter_config_for
     from trainer.training.loop import Trainer
@@ -48,7 +50,7 @@ def _trainer(config, prepared: dict, data_dir: Path, run_dir: Path, target, call
                    config.train, callbacks, should_stop=should_stop, on_saved=on_saved)
 
 
-def train_drafter(config, prepared: dict, data_dir: Path, run_dir: Path, launch, *, resume: bool,
+def train_drafter(config, prepared: PreparedTarget, data_dir: Path, run_dir: Path, launch, *, resume: bool,
                   on_step: Callable[[dict], None], should_stop: Callable[[], bool],
                   on_saved: Callable[[Path], None], target=None, plan=None) -> Path:
     """Train into run_dir (checkpoints/, metrics.jsonl, drafter/); return the drafter directory. `plan`: the job's
@@ -71,8 +73,8 @@ def _launch(config, prepared, data_dir, run_dir, launch, resume, on_step, should
     stop_file = run_dir / STOP_FILE
     stop_file.unlink(missing_ok=True)
     spec_file = run_dir / "launch.json"
-    atomic_write_json(spec_file, {"config": config.to_json(), "prepared": prepared, "data_dir": str(data_dir),
-                                  "run_dir": str(run_dir), "resume": resume, "machine_device": launch.device})
+    atomic_write_json(spec_file, {"config": config.to_json(), "prepared": PreparedTarget.read(prepared).to_json(),
+                                  "data_dir": str(data_dir), "run_dir": str(run_dir), "resume": resume, "machine_device": launch.device})
     # Ranks find their own RANK/WORLD_SIZE from the launcher; stale values from this process would confuse them.
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     log_file = run_dir / "launch.log"

@@ -96,7 +96,9 @@ def report() -> dict:
 
 def inconclusive_sampling() -> dict:
     """The real sampling test with 2 draws on each of 6 prompts: nothing it can test."""
-    sys.path.insert(0, str(HERE.parents[2]))  # tests/: tiny_targets, drafters
+    # Run by hand as a file (`python make_sample.py`), outside pytest, whose `pythonpath` (pyproject.toml) puts tests/
+    # on the path for the tests: this script needs tests/ (tiny_targets, drafters), which is not a package.
+    sys.path.insert(0, str(HERE.parents[2]))
     from drafters import random_drafter
     from tiny_targets import make_tiny_target
 

@@ -1,0 +1,98 @@
+"""A published drafter's record, typed: its shape (`DrafterShape`), its validation metrics (`DrafterMetrics`) and
+its lineage (`DrafterLineage`), the three JSON columns of the drafters table.
+
+The worker builds them at the end of the publish stage from the job's work files (worker/drafters.py
+`record_lineage`, through schemas/work_files.py); domain/drafters.py stores them with `to_json()` and reads them
+back with `read`; the API shows them as stored. They follow the work files' rules (schemas/work_files.py): every
+field optional, unknown keys kept, a misfitting field dropped on reading, a `version` that is 1 when absent (the
+rows recorded before these models). Pure pydantic: no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from schemas.validation_report import CategoryAcceptance
+from schemas.work_files import CodeEnvironment, LenientModel, PinnedSource, VersionedFile
+
+
+class DrafterShape(VersionedFile):
+    """The drafter's shape, from its exported drafter/config.json: what a warm start from it must match."""
+
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    num_target_layers: int | None = None
+    target_layer_ids: list[int] | None = None
+    mask_token_id: int | None = None
+    architecture: str | None = None
+
+
+class ServingSettings(LenientModel):
+    """How each engine enables the drafter at its recommended block size."""
+
+    sglang: str | None = None
+    vllm: dict[str, Any] | None = None
+    llama_cpp: str | None = None
+
+
+class DrafterMetrics(VersionedFile):
+    """What validation measured (report.json's headline figures), and the parent's tau on the same target."""
+
+    tau: float | None = None
+    tau_per_position: list[float | None] | None = None
+    acceptance_by_category: dict[str, CategoryAcceptance] | None = None
+    oracle_tau: float | None = None
+    lossless_passed: bool | None = None
+    greedy_mismatches: int | None = None
+    sampling_p_value: float | None = None
+    recommended_block_size: int | None = None
+    speedup: float | None = None
+    parent_tau: float | None = Field(default=None, description="A warm start's parent on the same prompts.")
+    serving: ServingSettings | None = None
+
+
+class DataSnapshot(LenientModel):
+    """The regenerated data set as it is stored."""
+
+    location: str | None = None
+    files: int | None = None
+    digest: str | None = Field(default=None, description="sha256 over the stored files' names and entries.")
+
+
+class DataLineage(LenientModel):
+    source: str | None = Field(default=None, description="The job's prompts source.")
+    source_revision: str | None = None
+    count: int | None = None
+    holdout_share: float | None = None
+    train_prompts: int | None = None
+    holdout_prompts: int | None = None
+    examples: int | None = None
+    response_tokens: int | None = None
+    snapshot: DataSnapshot | None = None
+
+
+class ParentLineage(PinnedSource):
+    """A warm start's parent: the reference the job gave, as it was fetched."""
+
+    ref: str | None = Field(default=None, description="init.from_drafter as the job gave it.")
+    tau_on_this_target: float | None = None
+
+
+class TrainingLineage(LenientModel):
+    steps: int | None = None
+    final_loss: float | None = None
+    train_tau_estimate: float | None = None
+
+
+class DrafterLineage(VersionedFile):
+    """Everything the drafter came from (domain/drafters.py's module docstring)."""
+
+    target: PinnedSource | None = None
+    data: DataLineage | None = None
+    parent: ParentLineage | None = None
+    recipe: dict[str, dict[str, Any]] | None = Field(
+        default=None, description="The job spec's drafter, training, sampling and validation sections.")
+    code: CodeEnvironment | None = None
+    training: TrainingLineage | None = None

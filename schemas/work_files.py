@@ -1,0 +1,152 @@
+"""A job's JSON work files, typed: what each stage leaves in `jobs/<id>/work/` for the stages after it, the worker
+that records the drafter's lineage at publish, and a rerun on another machine.
+
+    sources.json        PinnedSources   what prepare pinned: the exact target, prompts, base and parent revisions
+                                        (worker/job_files.py writes it; every later stage fetches those)
+    prepare.json        PreparedTarget  what prepare decided: fingerprint, mask token, taps, prompt counts
+                                        (trainer/pipeline.py writes it; generate, train and lineage read it)
+    stages/<stage>.json StageMarker     a finished stage's summary, stored last (worker/stages.py): a stage whose
+                                        marker exists is not run again, and lineage reads generate's and train's
+    report.json         ValidationReport (schemas/validation_report.py), on the same base
+
+One rule for all of them, the rule report.json always had (`LenientModel`): every field is optional, keys a model
+does not know are kept (a newer writer's additions survive a round trip), and `read` drops a top-level field
+whose value does not fit its type instead of failing, so a worker of one release reads the files of another.
+Writing is exact: `to_json()` gives back the fields that were set, so a file keeps the keys it had before the
+model plus `version`.
+
+Versions. `version` is each model's VERSION in every file written since these models exist (`written` sets it).
+A file without it was written before and is read as version 1, which is the shape the code wrote then. A change
+that renames or reshapes a field bumps that model's VERSION and says here how the older shape is read.
+Pure pydantic: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class LenientModel(BaseModel):
+    """A JSON object read leniently (module docstring): unknown keys kept, misfitting top-level fields dropped."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def to_json(self) -> dict[str, Any]:
+        """The object as its file holds it: the fields that were set, in JSON types."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    @classmethod
+    def read(cls, data: Mapping[str, Any] | Self | None) -> Self:
+        """The model of a decoded JSON object (None, or anything not an object: an empty one), dropping any
+        top-level field whose value does not fit its type rather than failing."""
+        if isinstance(data, cls):
+            return data
+        fields = dict(data) if isinstance(data, Mapping) else {}
+        while True:
+            try:
+                return cls.model_validate(fields)
+            except ValidationError as error:
+                bad = {e["loc"][0] for e in error.errors() if e["loc"] and e["loc"][0] in fields}
+                if not bad:  # a rule over several fields, not one misfit: nothing to drop
+                    raise
+                for name in bad:
+                    del fields[name]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Self:
+        """A JSON file, read leniently."""
+        return cls.read(json.loads(Path(path).read_text()))
+
+
+class VersionedFile(LenientModel):
+    """A work file with a shape version: absent reads as 1 (module docstring)."""
+
+    VERSION: ClassVar[int] = 1
+    """The shape written now."""
+
+    version: int = Field(default=1, description="The file's shape; absent: 1 (written before it had one).")
+
+    @classmethod
+    def written(cls, **fields: Any) -> Self:
+        """A new file's content at today's shape. Strict, unlike `read`: a writer's misfit is a bug to see."""
+        return cls.model_validate({**fields, "version": cls.VERSION})
+
+
+# --- sources.json -------------------------------------------------------------------------------------------
+
+
+class PinnedSource(LenientModel):
+    """One input as the job named it and as prepare fetched it."""
+
+    uri: str | None = Field(default=None, description="As the job spec gave it.")
+    revision: str | None = Field(default=None, description="What was fetched: a Hub commit, an S3 digest.")
+    pinned_uri: str | None = Field(default=None, description="The URI later stages fetch: the same revision.")
+
+
+class PinnedSources(VersionedFile):
+    """sources.json: prepare's pins, so a Hub branch that moves mid-job cannot change a later stage's inputs."""
+
+    target: PinnedSource | None = None
+    prompts: PinnedSource | None = None
+    base: PinnedSource | None = Field(default=None, description="An adapter target's base model.")
+    init: PinnedSource | None = Field(default=None, description="A warm start's parent drafter.")
+
+
+# --- prepare.json -------------------------------------------------------------------------------------------
+
+
+class PreparedParent(LenientModel):
+    """A warm start's parent drafter as prepare checked it."""
+
+    path: str | None = None
+    target_fingerprint: str | None = None
+
+
+class PreparedTarget(VersionedFile):
+    """prepare.json: what prepare decided about the target and the drafter's shape."""
+
+    target_path: str | None = Field(default=None, description="Where the preparing machine had the target.")
+    fingerprint: str | None = Field(default=None, description="Tokenizer + embedding fingerprint of the target.")
+    adapter_path: str | None = None
+    mask_token_id: int | None = None
+    mask_token_rule: str | None = Field(default=None, description="Why this mask token: given, or the rule's reason.")
+    tap_layer_ids: list[int] | None = Field(default=None, description="The target layers the drafter reads.")
+    train_prompts: int | None = None
+    holdout_prompts: int | None = None
+    parent_drafter: PreparedParent | None = None
+
+
+# --- stages/<stage>.json ------------------------------------------------------------------------------------
+
+
+class CodeEnvironment(LenientModel):
+    """The code that trained a drafter (trainer/lineage.py `environment`)."""
+
+    draftsmith: str | None = None
+    git_commit: str | None = None
+    python: str | None = None
+    platform: str | None = None
+    device: str | None = None
+    packages: dict[str, str | None] | None = None
+
+
+class StageMarker(VersionedFile):
+    """A finished stage's summary (trainer/pipeline.py `run_stage`'s, plus what the worker adds). Each stage has
+    its own keys, kept as they are; the fields here are the ones read back (the drafter's lineage)."""
+
+    examples: int | None = Field(default=None, description="generate: training examples written.")
+    response_tokens: int | None = Field(default=None, description="generate: response tokens written.")
+    steps: int | None = Field(default=None, description="train: the last step.")
+    final_loss: float | None = None
+    train_tau_estimate: float | None = None
+    environment: CodeEnvironment | None = Field(default=None, description="train: the code that ran it.")
+
+    def summary(self) -> dict[str, Any]:
+        """The stage's summary as the stage returned it (without the file's `version`)."""
+        return {k: v for k, v in self.to_json().items() if k != "version"}

@@ -1,0 +1,121 @@
+"""`record_lineage` (worker/drafters.py) reads the job's work files through their models (schemas/work_files.py):
+a stage marker, prepare.json or sources.json with a field of the wrong type, or written before the files had a
+`version`, still yields the drafter's lineage, with that one field left empty. No database: object storage is a
+dict and the publish stage's records are a stand-in that keeps what it is given."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from schemas.job_spec import JobSpec
+from schemas.lineage import DrafterLineage, DrafterMetrics, DrafterShape
+from schemas.work_files import PinnedSources, StageMarker
+
+WORK = "jobs/job_1/work"
+REPORT = {"version": 1, "tau": 1.6, "tau_per_position": [0.9, 0.7], "recommended_block_size": 4,
+          "lossless": {"greedy": {"mismatches": 0}, "sampling": {"p_value": 0.5, "status": "passed"}},
+          "target_fingerprint": "sha256:report"}
+DRAFTER_CONFIG = {"hidden_size": 64, "vocab_size": 512, "num_target_layers": 4, "block_size": 4,
+                  "architectures": ["DFlashDraftModel"], "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 5}}
+
+
+class Storage:
+    def __init__(self, files: dict[str, object]):
+        self.files = {key: json.dumps(value).encode() for key, value in files.items()}
+
+    def exists(self, key: str) -> bool:
+        return key in self.files
+
+    def get_file(self, key: str, path: Path) -> None:
+        Path(path).write_bytes(self.files[key])
+
+    def list_keys(self, prefix: str) -> dict[str, int]:
+        return {key: len(value) for key, value in self.files.items() if key.startswith(prefix)}
+
+
+class Records:
+    session = None
+
+    def record_drafter(self, **recorded) -> str:
+        self.recorded = recorded
+        return "drf_recorded"
+
+
+def record(monkeypatch, work: dict[str, object]) -> dict:
+    import worker.drafters
+
+    artifacts = {"manifest.json": "artifacts/manifest.json", "drafter/config.json": "artifacts/config.json"}
+    monkeypatch.setattr(worker.drafters, "artifact_named",
+                        lambda session, job_id, name: SimpleNamespace(storage_key=artifacts[name]))
+    files = {f"{WORK}/{name}": content for name, content in work.items()}
+    files |= {"artifacts/manifest.json": {"files": []}, "artifacts/config.json": DRAFTER_CONFIG,
+              f"{WORK}/data/shard-0.parquet": "rows"}
+    ctx, records = SimpleNamespace(storage=Storage(files)), Records()
+    spec = JobSpec.model_validate({"target": {"uri": "bundled:smollm2-135m"}})
+    assert worker.drafters.record_lineage(ctx, SimpleNamespace(id="job_1"), spec, records) == "drf_recorded"
+    return records.recorded
+
+
+GOOD = {
+    "sources.json": {"target": {"uri": "bundled:smollm2-135m", "revision": "r1", "pinned_uri": "bundled:smollm2-135m"},
+                     "prompts": {"uri": "builtin", "revision": "p1", "pinned_uri": "builtin"}},
+    "prepare.json": {"fingerprint": "sha256:prepared", "mask_token_id": 5, "tap_layer_ids": [1, 2],
+                     "train_prompts": 90, "holdout_prompts": 10},
+    "report.json": REPORT,
+    "stages/generate.json": {"examples": 90, "response_tokens": 4000, "plan": {"shards": 1}},
+    "stages/train.json": {"steps": 40, "final_loss": 2.5, "train_tau_estimate": 1.4,
+                          "environment": {"draftsmith": "0.1.0", "packages": {"torch": "2.5"}}},
+}
+
+
+def test_lineage_of_well_formed_unversioned_files(monkeypatch):
+    recorded = record(monkeypatch, GOOD)
+    lineage, metrics = recorded["lineage"], recorded["metrics"]
+    assert isinstance(lineage, DrafterLineage) and isinstance(metrics, DrafterMetrics)
+    assert isinstance(recorded["config"], DrafterShape) and recorded["config"].target_layer_ids == [1, 2]
+    assert (recorded["target_revision"], recorded["target_fingerprint"]) == ("r1", "sha256:prepared")
+    stored = lineage.to_json()
+    assert stored["version"] == DrafterLineage.VERSION
+    assert stored["target"] == {"uri": "bundled:smollm2-135m", "revision": "r1", "pinned_uri": "bundled:smollm2-135m"}
+    assert stored["data"]["source_revision"] == "p1" and stored["data"]["examples"] == 90
+    assert stored["data"]["train_prompts"] == 90 and stored["data"]["snapshot"]["files"] == 1
+    assert stored["training"] == {"steps": 40, "final_loss": 2.5, "train_tau_estimate": 1.4}
+    assert stored["code"] == {"draftsmith": "0.1.0", "packages": {"torch": "2.5"}} and stored["parent"] is None
+    assert metrics.tau == 1.6 and metrics.lossless_passed is False  # no greedy-and-sampling verdict recorded
+    assert metrics.serving is not None and metrics.serving.vllm == {"method": "dflash", "num_speculative_tokens": 3}
+
+
+def test_a_stage_file_with_a_bad_field_still_yields_lineage(monkeypatch):
+    """The planted violation: fields of the wrong type in the train marker, prepare.json and sources.json. Read by
+    key they would reach the drafter row as they are (or fail the publish stage); read through the models, each
+    is dropped and everything else is recorded."""
+    bad = {**GOOD,
+           "stages/train.json": {**GOOD["stages/train.json"], "steps": "many", "environment": "somewhere"},
+           "stages/generate.json": {"examples": [90], "response_tokens": 4000},
+           "prepare.json": {**GOOD["prepare.json"], "train_prompts": {"n": 90}},
+           "sources.json": {**GOOD["sources.json"], "target": "bundled:smollm2-135m@r1"}}
+    stored = record(monkeypatch, bad)["lineage"].to_json()
+    assert stored["training"] == {"steps": None, "final_loss": 2.5, "train_tau_estimate": 1.4}
+    assert stored["code"] == {}  # an unreadable environment: none recorded, as for a job that had no marker
+    assert stored["data"]["examples"] is None and stored["data"]["response_tokens"] == 4000
+    assert stored["data"]["train_prompts"] is None and stored["data"]["holdout_prompts"] == 10
+    assert stored["target"] == {"uri": "bundled:smollm2-135m", "revision": None, "pinned_uri": None}
+    assert DrafterLineage.read(stored) == DrafterLineage.read(json.loads(json.dumps(stored)))
+
+
+def test_missing_work_files_leave_their_part_empty(monkeypatch):
+    recorded = record(monkeypatch, {"report.json": REPORT})
+    stored = recorded["lineage"].to_json()
+    assert recorded["target_fingerprint"] == "sha256:report" and recorded["target_revision"] is None
+    assert stored["training"] == {"steps": None, "final_loss": None, "train_tau_estimate": None}
+
+
+def test_the_worker_writes_markers_and_sources_through_the_models():
+    """What worker/stages.py and worker/job_files.py write reads back as the same model, version included."""
+    marker = StageMarker.written(**GOOD["stages/train.json"], device={"device": "cpu"})
+    assert StageMarker.read(json.loads(json.dumps(marker.to_json()))).summary() == {
+        **GOOD["stages/train.json"], "device": {"device": "cpu"}}
+    sources = PinnedSources.written(**GOOD["sources.json"])
+    assert PinnedSources.read(sources.to_json()).target == sources.target
