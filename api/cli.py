@@ -59,7 +59,8 @@ def db() -> None:
 @click.option("--database-url", default=None, help="Overrides DRAFTSMITH_DATABASE_URL.")
 def upgrade(revision: str, database_url: str | None) -> None:
     """Migrate the database schema up to REVISION."""
-    from migrations.revisions import current_revision, upgrade as run_upgrade
+    from migrations.revisions import current_revision
+    from migrations.revisions import upgrade as run_upgrade
 
     settings = _settings(database_url=database_url)
     run_upgrade(settings.database_url, revision)
@@ -71,7 +72,8 @@ def upgrade(revision: str, database_url: str | None) -> None:
 @click.option("--database-url", default=None, help="Overrides DRAFTSMITH_DATABASE_URL.")
 def downgrade(revision: str, database_url: str | None) -> None:
     """Migrate the database schema down to REVISION."""
-    from migrations.revisions import current_revision, downgrade as run_downgrade
+    from migrations.revisions import current_revision
+    from migrations.revisions import downgrade as run_downgrade
 
     settings = _settings(database_url=database_url)
     run_downgrade(settings.database_url, revision)
@@ -111,8 +113,8 @@ def create(org_name: str, scopes: tuple[str, ...], name: str, max_concurrent_job
            monthly_compute_seconds: int | None, monthly_tokens_generated: int | None,
            monthly_tokens_trained: int | None, database_url: str | None) -> None:
     """Create an API key and print it (it is shown only this once)."""
-    from domain.keys import create_api_key
     from domain.db import create_db_engine, create_session_factory
+    from domain.keys import create_api_key
     from domain.models import Organisation
 
     settings = _settings(database_url=database_url)

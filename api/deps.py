@@ -43,7 +43,6 @@ from domain.queue import CeleryQueue, RecordingQueue, queue_from_settings
 from domain.settings import Settings, load_settings
 from domain.storage import LocalStorage, S3Storage, storage_from_settings
 
-
 T = TypeVar("T")
 log = logging.getLogger("draftsmith.api")
 

@@ -19,8 +19,8 @@ from fastapi import Request
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from domain.errors import FieldError, InvalidRequest
 from api.problems import send_problem
+from domain.errors import FieldError, InvalidRequest
 from schemas.bounds import JsonInputError, find_control_character, loads_json
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})

@@ -33,10 +33,10 @@ from api.observability import (
     RequestMetricsMiddleware,
 )
 from api.problems import PROBLEM_MEDIA_TYPE, UnhandledErrorMiddleware, install_problem_handlers
-from domain.redaction import install_log_redaction, register_secret_values, secret_setting_values
 from api.routes import audits, drafters, files, health, job_data, jobs, secrets, usage, webhooks
-from domain.settings import Settings
 from domain.deliveries import dispatch_due_webhooks
+from domain.redaction import install_log_redaction, register_secret_values, secret_setting_values
+from domain.settings import Settings
 
 log = logging.getLogger("draftsmith.api")
 

@@ -43,10 +43,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from schemas.sampling import SamplingParams
     from trainer.data.store import DataStore
+    from trainer.device import load_target_on
     from trainer.drafter.checkpoint import load_drafter
     from trainer.drafter.draft_vocab import coverage, frequency_ranked_vocab
     from trainer.speculative import SpeculativeDecoder
-    from trainer.device import load_target_on
     from trainer.targets.bundled import resolve_target_path
     from trainer.validation.replay import load_references, replay_acceptance
     from trainer.validation.report import measure_step_costs

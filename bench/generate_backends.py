@@ -52,8 +52,8 @@ def main() -> None:
     from trainer.data.prompts import draw_prompts
     from trainer.data.regenerate import TEACHER_TOP_K, generate_batch, tokenize_prompts
     from trainer.data.vllm_backend import VllmResponses
-    from trainer.drafter.config import default_target_layer_ids
     from trainer.device import load_target_on
+    from trainer.drafter.config import default_target_layer_ids
     from trainer.targets.bundled import resolve_target_path
 
     load_before = os.getloadavg()

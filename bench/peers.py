@@ -36,8 +36,19 @@ import time
 from pathlib import Path
 
 from bench import specforge_peer
-from bench.heldout import append_result, git_revision, heldout_prompts, heldout_references, load_results, paired_delta, \
-    paired_ratio, score_drafter, uncommitted, uptime_load, work_lock
+from bench.heldout import (
+    append_result,
+    git_revision,
+    heldout_prompts,
+    heldout_references,
+    load_results,
+    paired_delta,
+    paired_ratio,
+    score_drafter,
+    uncommitted,
+    uptime_load,
+    work_lock,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = {

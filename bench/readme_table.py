@@ -75,7 +75,7 @@ def run_facts(report_path: Path, *, run: Path | None = None, date: str | None = 
         steps, planned, pace = data.get("train_steps"), None, data.get("train_seconds_per_step")
         minutes = data.get("minutes")
     if date is None and report_path.is_file():
-        date = dt.datetime.fromtimestamp(report_path.stat().st_mtime, dt.timezone.utc).date().isoformat()
+        date = dt.datetime.fromtimestamp(report_path.stat().st_mtime, dt.UTC).date().isoformat()
     if machine is None:
         machine = f"{os.cpu_count()} CPU cores ({platform.machine()}), where this table was rendered"
     return RunFacts(train_steps=steps, planned_steps=planned, seconds_per_step=pace, minutes=minutes, date=date,

@@ -21,8 +21,16 @@ import json
 import time
 from pathlib import Path
 
-from bench.heldout import append_result, git_revision, heldout_prompts, heldout_references, load_results, paired_delta, \
-    score_drafter, uptime_load
+from bench.heldout import (
+    append_result,
+    git_revision,
+    heldout_prompts,
+    heldout_references,
+    load_results,
+    paired_delta,
+    score_drafter,
+    uptime_load,
+)
 
 BF16 = {"bf16_matmuls": True}
 ROWS: dict[str, tuple[str, dict, dict]] = {
@@ -118,7 +126,6 @@ def run_row(name: str, drafter_overrides: dict, train_overrides: dict, args, tar
         drafter.candidate_selector = selector
     if args.sampled_prompts:  # tau under speculative sampling at T=1, same prompts and seeds for every row
         from bench.sampled_tau import sampled_tau
-
         from schemas import recipe
         from trainer.data.prompts import load_prompts, split_prompts
 

@@ -47,8 +47,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from schemas import recipe
     from trainer.data.prompts import load_prompts, split_prompts
-    from trainer.drafter.checkpoint import load_drafter
     from trainer.device import load_target_on
+    from trainer.drafter.checkpoint import load_drafter
     from trainer.targets.bundled import resolve_target_path
     from trainer.validation.replay import bootstrap_interval
 

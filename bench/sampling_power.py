@@ -34,9 +34,9 @@ def main() -> None:
     from schemas import recipe
     from schemas.sampling import SamplingParams
     from trainer.data.prompts import load_prompts, split_prompts
+    from trainer.device import load_target_on
     from trainer.drafter.checkpoint import load_drafter
     from trainer.speculative import SpeculativeDecoder
-    from trainer.device import load_target_on
     from trainer.targets.bundled import resolve_target_path
     from trainer.targets.chat import render_prompt
     from trainer.validation.sampling_test import sampling_lossless_test

@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from domain.models import Job, Organisation, UsageRecord, utcnow
 from domain.errors import QuotaExceeded
+from domain.models import Job, Organisation, UsageRecord, utcnow
 from domain.settings import Settings
 from domain.states import ACTIVE_STATUSES
 

@@ -34,8 +34,18 @@ from pathlib import Path
 
 import torch
 
-from schemas.audit import (AuditLossless, AuditRecommendation, AuditReference, AuditResult, AuditSpec,
-                           AuditThresholds, Compatibility, FieldFit, FingerprintFit, LayerFit)
+from schemas.audit import (
+    AuditLossless,
+    AuditRecommendation,
+    AuditReference,
+    AuditResult,
+    AuditSpec,
+    AuditThresholds,
+    Compatibility,
+    FieldFit,
+    FingerprintFit,
+    LayerFit,
+)
 from schemas.sampling import SamplingParams
 from schemas.validation_report import ValidationReport
 from trainer.data.prompts import Prompt

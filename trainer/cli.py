@@ -260,8 +260,8 @@ def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, ta
 def train(target_spec, data_dir, out_dir, variant, num_layers, block_size, mask_token_id, nproc, hostfile, resume,
           zero_stage, device, dtype, **settings) -> None:
     """Distil a drafter from regenerated data under DeepSpeed; writes OUT/drafter (reference format)."""
-    from trainer.data.store import DataStore
     from schemas.stages import Stage
+    from trainer.data.store import DataStore
     from trainer.pipeline import Launch, Layout, RunConfig, open_job, run_stage
     from trainer.training.config import TrainConfig
 

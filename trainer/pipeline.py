@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from schemas import recipe
 from schemas.sampling import SamplingParams
 from schemas.stages import GENERATE_BACKENDS, LOCAL_STAGES, Stage
-from schemas.work_files import PreparedParent, PreparedTarget
 from schemas.validation_report import EngineFigures, TargetDescription, TrainingObjective, ValidationReport, WarmStart
+from schemas.work_files import PreparedParent, PreparedTarget
 from trainer.atomic import atomic_write_json
 from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.training.config import TrainConfig

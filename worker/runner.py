@@ -21,8 +21,8 @@ from collections.abc import Callable
 from enum import StrEnum
 
 from domain import runs
-from domain.models import Job
 from domain.errors import InvalidTransition
+from domain.models import Job
 from domain.queue import queue_for
 from domain.states import TERMINAL_STATUSES, JobStatus
 from schemas.stages import Stage

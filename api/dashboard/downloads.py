@@ -29,12 +29,12 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep
-from domain.artifacts import artifact_named
-from domain.jobs import get_job_for_org
-from domain.models import ApiKey
-from domain.errors import NotFound
 from api.problems import PayloadTooLarge
 from api.routes.job_data import artifact_response
+from domain.artifacts import artifact_named
+from domain.errors import NotFound
+from domain.jobs import get_job_for_org
+from domain.models import ApiKey
 from domain.settings import Settings
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)

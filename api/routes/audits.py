@@ -8,7 +8,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from domain.db import Session
+from api.deps import AdminPrincipal, ReadPrincipal, ServicesDep, SessionDep, WritePrincipal, run_write
+from api.problems import problem_responses
+from api.schemas import AuditList, AuditOut
+from api.views import audit_out
 from domain.audits import (
     cancel_audit,
     create_audit,
@@ -17,12 +20,9 @@ from domain.audits import (
     organisation_thresholds,
     parse_audit_spec,
 )
-from api.deps import AdminPrincipal, ReadPrincipal, ServicesDep, SessionDep, WritePrincipal, run_write
-from domain.models import Organisation
+from domain.db import Session
 from domain.errors import FieldError, InvalidRequest
-from api.problems import problem_responses
-from api.schemas import AuditList, AuditOut
-from api.views import audit_out
+from domain.models import Organisation
 from schemas.audit import AuditSpec, AuditThresholds
 
 router = APIRouter(tags=["audits"])

@@ -8,11 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import ReadPrincipal, SessionDep
-from domain.drafters import list_drafters
-from domain.errors import FieldError, InvalidRequest
 from api.problems import problem_responses
 from api.schemas import DrafterDetail, DrafterList
 from api.views import drafter_detail, drafters_out
+from domain.drafters import list_drafters
+from domain.errors import FieldError, InvalidRequest
 from schemas.job_spec import DRAFTER_ID_RE
 
 router = APIRouter(prefix="/v1/drafters", tags=["drafters"])

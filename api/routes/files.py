@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Form, UploadFile
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal
+from api.problems import PayloadTooLarge, problem_responses
+from api.schemas import FileList, FileOut
 from domain.errors import FieldError, InvalidRequest
 from domain.files import prompt_file_for_org, prompt_files_of, store_prompt_file
 from domain.models import PromptFile
-from api.problems import PayloadTooLarge, problem_responses
-from api.schemas import FileList, FileOut
 from schemas.prompts import validate_prompt_bytes
 
 router = APIRouter(prefix="/v1/files", tags=["files"])

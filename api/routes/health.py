@@ -9,16 +9,15 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from domain.db import ping as ping_database
 from api.deps import services_for
 from api.problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE, problem_responses
-from domain.redaction import redact_text
 from api.schemas import CapacityOut, HealthOut, ProcessesOut, ReadinessOut
+from domain.db import ping as ping_database
+from domain.redaction import redact_text
 from migrations.revisions import check_schema_is_current
 
 router = APIRouter(tags=["health"])

@@ -14,18 +14,18 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from pydantic import TypeAdapter
 from starlette.concurrency import run_in_threadpool
 
-from domain.db import Connection, Row
 from api.deps import ReadPrincipal, Services, ServicesDep, SessionDep, read_sessions, run_read
 from api.event_feed import EventFeeds
-from domain.events import events_after, job_events_page
+from api.problems import problem_responses
+from api.schemas import ArtifactList, ArtifactOut, EventList, EventOut, MetricPointOut, MetricSeries, MetricsOut
 from domain.artifacts import artifact_named, artifacts_of
+from domain.db import Connection, Row
+from domain.errors import FieldError, InvalidRequest, NotFound
+from domain.events import events_after, job_events_page
 from domain.job_reads import job_state_for_org, job_status
 from domain.jobs import get_job_for_org
 from domain.metrics import metric_series
 from domain.models import Artifact
-from domain.errors import FieldError, InvalidRequest, NotFound
-from api.problems import problem_responses
-from api.schemas import ArtifactList, ArtifactOut, EventList, EventOut, MetricPointOut, MetricsOut, MetricSeries
 from domain.states import TERMINAL_STATUSES, JobStatus
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["job data"])

@@ -7,9 +7,14 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
-from domain.db import Connection, Session
 from api.deps import ReadPrincipal, ServicesDep, SessionDep, WritePrincipal, run_read, run_write
 from api.estimates import GPU_CLASSES, estimate_job
+from api.problems import problem_responses
+from api.schemas import EstimateOut, JobList, JobOut, JobStatusName
+from api.views import jobs_to_out
+from domain.db import Connection, Session
+from domain.errors import FieldError, InvalidRequest
+from domain.job_reads import job_row_for_org, list_jobs
 from domain.jobs import (
     JOB_ID_RE,
     QUEUED_PRESUMED_LOST_SECONDS,
@@ -19,11 +24,6 @@ from domain.jobs import (
     parse_job_spec,
     resume_job,
 )
-from domain.errors import FieldError, InvalidRequest
-from domain.job_reads import job_row_for_org, list_jobs
-from api.problems import problem_responses
-from api.schemas import EstimateOut, JobList, JobOut, JobStatusName
-from api.views import jobs_to_out
 from schemas.bounds import TARGET_PARAMETERS_BILLION_RANGE
 from schemas.job_spec import JobSpec
 

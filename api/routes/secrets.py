@@ -9,8 +9,8 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 
 from api.deps import AdminPrincipal, ServicesDep, SessionDep
-from domain.models import OrgSecret
 from api.problems import problem_responses
+from domain.models import OrgSecret
 from domain.secrets import MAX_SECRET_BYTES, delete_secret, list_secrets, put_secret
 from schemas.bounds import JsonBody
 

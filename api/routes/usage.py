@@ -9,8 +9,8 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep
-from domain.models import Organisation
 from api.problems import problem_responses
+from domain.models import Organisation
 from domain.usage import active_job_count, limits_for, parse_period, period_bounds, usage_between
 
 router = APIRouter(prefix="/v1/usage", tags=["usage"])

@@ -5,9 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from api.deps import AdminPrincipal, SessionDep, SettingsDep
-from domain.jobs import lock_organisation
-from domain.models import Webhook, utcnow
-from domain.errors import FieldError, InvalidRequest, NotFound
 from api.problems import problem_responses
 from api.schemas import (
     WebhookAttemptOut,
@@ -20,6 +17,9 @@ from api.schemas import (
     WebhookUpdate,
 )
 from domain.egress import EgressPolicy, EgressRefused
+from domain.errors import FieldError, InvalidRequest, NotFound
+from domain.jobs import lock_organisation
+from domain.models import Webhook, utcnow
 from domain.settings import Settings
 from domain.webhooks import count_webhooks, new_webhook_secret, recent_deliveries, webhook_for_org, webhooks_of
 

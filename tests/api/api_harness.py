@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fake_stage_runner import FakeStageRunner
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from domain.keys import create_api_key
 from api.deps import Services, services_for
 from api.main import create_app
+from domain.keys import create_api_key
 from domain.models import Base
 from domain.settings import Settings
-from fake_stage_runner import FakeStageRunner
 
 TEST_SECRET_KEY = "test-secret-key-" + "k" * 40
 

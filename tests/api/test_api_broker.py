@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from api_harness import build_harness, make_settings
 
 from domain.queue import RUN_JOB_TASK, CeleryQueue
-from api_harness import build_harness, make_settings
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 

@@ -26,6 +26,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from api_harness import Harness, build_harness, make_settings
+from live_server import live_server
+from services import POSTGRES_ADMIN_URL, inherited_env, start_api, wait_until
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InternalError
@@ -36,9 +39,6 @@ from api.problems import _database_unavailable
 from domain.db import SessionTimeouts, create_db_engine, create_session_factory
 from domain.models import JobEvent
 from domain.settings import Settings
-from api_harness import Harness, build_harness, make_settings
-from live_server import live_server
-from services import POSTGRES_ADMIN_URL, inherited_env, start_api, wait_until
 
 AUDIT = {"drafter": "hf://acme/drafter", "target": {"uri": "bundled:smollm2-135m"}}
 BURST = 50

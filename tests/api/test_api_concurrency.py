@@ -8,21 +8,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
-
 from pathlib import Path
 
 import httpx
 import pytest
+from api_harness import Harness, build_harness, make_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from live_server import live_server
 from sqlalchemy import func, select
 
 from api.main import create_app
-from domain.models import Audit, Job, OrgSecret, Webhook
 from api.routes.webhooks import MAX_WEBHOOKS_PER_ORG
+from domain.models import Audit, Job, OrgSecret, Webhook
 from domain.secrets import secret_value
-from api_harness import Harness, build_harness, make_settings
-from live_server import live_server
 
 MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
 

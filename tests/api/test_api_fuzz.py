@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 import pytest
 import schemathesis
+from api_harness import Harness, Org, build_harness, make_settings
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
@@ -30,7 +31,6 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from api.main import create_app
-from api_harness import Harness, Org, build_harness, make_settings
 
 SLOW_RESPONSE_SECONDS = 10.0
 PROFILES = {

@@ -10,10 +10,10 @@ import statistics
 import time
 
 import httpx
-
-from api.main import create_app
 from api_harness import build_harness, make_settings
 from live_server import live_server
+
+from api.main import create_app
 
 MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
 

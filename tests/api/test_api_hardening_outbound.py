@@ -13,13 +13,13 @@ from threading import Thread
 
 import httpx
 import pytest
+from api_harness import build_harness, make_settings
+from test_api_webhooks import Receiver
 
 import domain.egress as egress
-from domain.models import utcnow
 from domain.deliveries import dispatch_due_webhooks
-from api_harness import build_harness, make_settings
+from domain.models import utcnow
 from schemas.bounds import resolved_path_within_roots
-from test_api_webhooks import Receiver
 
 
 def loopback_names_in_etc_hosts() -> list[str]:
@@ -211,11 +211,11 @@ def test_no_secret_in_logs_events_or_problems(database_url, tmp_path, caplog, re
     log included), a failed insert of a webhook secret, failed deliveries and a dead broker; none of them is
     in any log record, event or problem body afterwards."""
     from fastapi.testclient import TestClient
+    from live_server import live_server
     from sqlalchemy import create_engine, text
 
     from api.main import create_app
     from domain.models import JobEvent
-    from live_server import live_server
 
     caplog.set_level(logging.DEBUG)
     broker_password = "brokerpw-" + os.urandom(8).hex()
@@ -225,8 +225,9 @@ def test_no_secret_in_logs_events_or_problems(database_url, tmp_path, caplog, re
     secrets_seen: list[str] = [broker_password]
     bodies: list[str] = []
     with TestClient(app) as setup, live_server(app) as base:
-        from api.deps import services_for
         from api_harness import Harness
+
+        from api.deps import services_for
 
         harness = Harness(client=setup, services=services_for(app), runner=None)  # type: ignore[arg-type]
         org = harness.new_org()

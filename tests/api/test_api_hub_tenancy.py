@@ -9,11 +9,11 @@ Hub is recorded)."""
 from __future__ import annotations
 
 import pytest
+from api_harness import TEST_SECRET_KEY, Harness, build_harness, make_settings
 from pydantic import SecretStr
 
 from domain.settings import Settings
 from domain.storage_scope import CredentialsNeeded, choose_hub_access, hub_namespace
-from api_harness import TEST_SECRET_KEY, Harness, build_harness, make_settings
 
 MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
 DEPLOYMENT_TOKEN = "hf_deployment_token_0123456789"

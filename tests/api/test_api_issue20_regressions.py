@@ -11,9 +11,9 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from api_harness import Harness, build_harness, make_settings
 
 from api.dashboard.router import DASHBOARD_STATIC
-from api_harness import Harness, build_harness, make_settings
 
 MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
 

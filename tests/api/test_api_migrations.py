@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, pool
 
 from domain.database_url import normalize_database_url
-from migrations.revisions import current_revision, downgrade, head_revision, upgrade
 from domain.models import Base
+from migrations.revisions import current_revision, downgrade, head_revision, upgrade
 
 
 def _tables(url: str) -> set[str]:
@@ -74,10 +74,10 @@ def test_db_commands(tmp_path, monkeypatch):
 def test_importing_the_app_does_not_touch_the_database(tmp_path, monkeypatch):
     """Migrations are an explicit step: serving requests against an unmigrated database fails
     readiness instead of creating tables behind the operator's back."""
+    from api_harness import make_settings
     from fastapi.testclient import TestClient
 
     from api.main import create_app
-    from api_harness import make_settings
 
     url = f"sqlite:///{tmp_path / 'never-migrated.db'}"
     app = create_app(make_settings(url, tmp_path / "storage"))

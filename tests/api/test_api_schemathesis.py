@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import schemathesis
+from api_harness import Harness, build_harness, make_settings
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
@@ -28,7 +29,6 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core import NotSet
 
 from api.main import create_app, schema_refs
-from api_harness import Harness, build_harness, make_settings
 
 EXAMPLES_PER_OPERATION_AND_MODE = 25
 SPEC_BODIES = {"POST /v1/jobs", "POST /v1/jobs/estimate", "POST /v1/audits"}

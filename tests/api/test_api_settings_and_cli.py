@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from api_harness import TEST_SECRET_KEY, make_settings
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from api.main import create_app
 from domain.settings import DEFAULT_DEV_API_KEY, Settings
-from api_harness import TEST_SECRET_KEY, make_settings
 
 REPO = Path(__file__).resolve().parents[2]
 

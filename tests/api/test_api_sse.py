@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from api_harness import Harness, build_harness, make_settings
 
 from api.main import create_app
-from api_harness import Harness, build_harness, make_settings
 
 
 class LiveServer:

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import boto3
 import httpx
 import pytest
-
-from domain.storage import LocalStorage, S3Storage, check_key, storage_from_settings
 from api_harness import build_harness, make_settings
 from services import moto_server
+
+from domain.storage import LocalStorage, S3Storage, check_key, storage_from_settings
 
 BUCKET = "draftsmith-artifacts"
 

@@ -7,6 +7,7 @@ is tested end to end in test_api_tenancy.py and tests/worker/test_worker_tenancy
 from __future__ import annotations
 
 import pytest
+from api_harness import TEST_SECRET_KEY
 
 from domain.settings import Settings
 from domain.storage_scope import (
@@ -18,7 +19,6 @@ from domain.storage_scope import (
     refuse_link_loops,
     s3_secret_problems,
 )
-from api_harness import TEST_SECRET_KEY
 
 A_JOB, B_JOB = "job_01J000000000000000000000AA", "job_01J000000000000000000000BB"
 BASE = "s3://draftsmith-storage/service"

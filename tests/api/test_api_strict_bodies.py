@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from api_harness import Harness, Org, build_harness, make_settings
 
 from api.main import create_app
-from api_harness import Harness, Org, build_harness, make_settings
 
 JOB = {"target": {"uri": "bundled:smollm2-135m"}}
 AUDIT = {"drafter": "drf_" + "0" * 26, "target": {"uri": "bundled:smollm2-135m"}}

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 
 import boto3
 import pytest
-
 from api_harness import Harness, build_harness, make_settings
 from services import moto_server
 

@@ -16,9 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from domain.deliveries import dispatch_due_webhooks
 from domain.models import utcnow
 from domain.states import Stage
-from domain.deliveries import dispatch_due_webhooks
 
 
 class Receiver:

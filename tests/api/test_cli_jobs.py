@@ -17,8 +17,8 @@ from api_harness import Harness, build_harness, make_settings
 from click.testing import CliRunner
 from live_server import live_server
 
-from domain import runs as stage_runner
 from api.main import create_app
+from domain import runs as stage_runner
 from domain.states import Stage
 from draftsmith.cli import LAZY_COMMANDS, main
 

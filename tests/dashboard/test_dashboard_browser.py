@@ -12,8 +12,17 @@ import re
 from datetime import datetime
 
 import pytest
-from dashboard_browser import (TIMEOUT_MS, axe_violations, bar_texts, drawn_pixels, legend_text, overlapping, screenshot,
-                               series_labels, sign_in)
+from dashboard_browser import (
+    TIMEOUT_MS,
+    axe_violations,
+    bar_texts,
+    drawn_pixels,
+    legend_text,
+    overlapping,
+    screenshot,
+    series_labels,
+    sign_in,
+)
 from dashboard_job_driver import inconclusive_report, sample_records, sample_report, variant_report
 from playwright.sync_api import expect
 

@@ -59,10 +59,9 @@ def build_target(target_dir: Path) -> None:
 
 def build_drafter(drafter_dir: Path, dflash2: bool, own_tables: bool, dtype: torch.dtype,
                   target_embedding: torch.Tensor, seed: int) -> None:
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel
     from safetensors.torch import save_file
     from transformers import Qwen3Config
-
-    from dflash.model import DFlash2DraftModel, DFlashDraftModel
 
     dflash_config: dict[str, Any] = {"block_size": 8, "mask_token_id": 3, "target_layer_ids": [1, 2]}
     if dflash2:  # top-k 4: llama.cpp needs hidden >= k * (k + 1); rank 32 keeps Q8_0 rows whole

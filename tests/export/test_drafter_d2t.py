@@ -17,12 +17,12 @@ import torch
 from drafters import random_drafter
 from safetensors.torch import load_file
 
+from schemas.sampling import SamplingParams
 from trainer.drafter.checkpoint import ids_from_d2t, load_drafter, save_drafter
 from trainer.drafter.draft_vocab import save_draft_vocab
 from trainer.errors import DrafterError
 from trainer.export.artifacts import write_engine_drafters
 from trainer.speculative import SpeculativeDecoder
-from schemas.sampling import SamplingParams
 
 DRAFT_IDS = torch.tensor([0, 1, 2, 5, 9, 17, 33, 40, 64, 100, 101, 102, 150, 200, 201, 202, 203, 230, 250, 255])
 

@@ -211,9 +211,8 @@ def test_round_trip_weights(export_env: ExportEnv, round_trip_case: tuple[str, s
 
 
 def test_round_trip_drafter_outputs(export_env: ExportEnv, round_trip_case: tuple[str, str]) -> None:
-    from transformers import LlamaForCausalLM, Qwen3Config
-
     from dflash.model import DFlash2DraftModel, _output_head, extract_context_feature
+    from transformers import LlamaForCausalLM, Qwen3Config
 
     name, dtype = case = round_trip_case
     original = _reference_drafter(*_original(export_env, name))

@@ -8,10 +8,10 @@ import json
 
 import pytest
 import torch
+from regeneration_helpers import install_vllm_driver, write_ragged_prompts
 
 from schemas.sampling import SamplingParams
 from trainer.data.capture import capture_batch
-from regeneration_helpers import install_vllm_driver, write_ragged_prompts
 from trainer.data.regenerate import DataError, generate_batch, regenerate, tokenize_prompts
 
 TAPS = [1, 3]

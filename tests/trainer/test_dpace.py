@@ -13,12 +13,16 @@ import torch
 from test_training import drafter_config, tiny_batch, tiny_data, tiny_target  # noqa: F401  (fixtures)
 
 from schemas.validation_report import TrainingObjective
+from trainer.errors import DraftsmithError
 from trainer.training.config import TrainConfig
 from trainer.training.loop import Trainer
 from trainer.training.objective import DistillationObjective, FrozenTargetParts
-from trainer.training.position_weights import (acceptance_loss, describe_objective, dpace_weights,
-                                               expected_accepted, to_grid)
-from trainer.errors import DraftsmithError
+from trainer.training.position_weights import (
+    acceptance_loss,
+    describe_objective,
+    dpace_weights,
+    expected_accepted,
+)
 
 
 def dpace_reference(confidence: list[float], valid: list[bool], alpha: float) -> list[float]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.drafter.config import DrafterConfig
 from trainer.drafter.checkpoint import save_drafter
+from trainer.drafter.config import DrafterConfig
 from trainer.drafter.model import Drafter
 from trainer.export.gguf_writer import write_gguf
 
@@ -30,6 +30,7 @@ class OnDevice(torch.Tensor):
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     from tiny_targets import make_bpe_target
+
     from trainer.targets import load_target
 
     root = tmp_path_factory.mktemp("export-device")

@@ -8,8 +8,8 @@ import os
 import time
 
 import pytest
-
 from regeneration_helpers import install_vllm_driver, write_ragged_prompts
+
 from schemas.sampling import SamplingParams
 from trainer.data.regenerate import StopPoll, regenerate
 from trainer.errors import StageInterrupted

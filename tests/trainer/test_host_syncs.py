@@ -18,7 +18,6 @@ from trainer.data.prompts import load_prompts
 from trainer.data.regenerate import generate_batch, tokenize_prompts
 
 
-
 def write_prompts(path, n):
     lines = [json.dumps({"id": f"p{i}", "category": f"c{i % 2}", "prompt": " ".join(f"w{(i * 7 + j * 3) % 200}"
                                                                                    for j in range(6 + i % 5))})

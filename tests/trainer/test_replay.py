@@ -13,8 +13,14 @@ from schemas.sampling import SamplingParams
 from trainer.data.prompts import Prompt
 from trainer.speculative import SpeculativeDecoder
 from trainer.targets import load_target
-from trainer.validation.replay import (bootstrap_interval, greedy_references, load_references, replay_acceptance,
-                                       replay_greedy, save_references)
+from trainer.validation.replay import (
+    bootstrap_interval,
+    greedy_references,
+    load_references,
+    replay_acceptance,
+    replay_greedy,
+    save_references,
+)
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=30)
 

@@ -14,8 +14,14 @@ from trainer.data import vllm_backend
 from trainer.errors import TargetError
 from trainer.targets import loading
 from trainer.targets.loading import load_target
-from trainer.targets.placement import (GIB, TargetPlacement, estimated_parameters, plan_placement,
-                                       target_parameters, tensor_parallel_size)
+from trainer.targets.placement import (
+    GIB,
+    TargetPlacement,
+    estimated_parameters,
+    plan_placement,
+    target_parameters,
+    tensor_parallel_size,
+)
 
 H200 = 141 * GIB
 EIGHT_H200 = {i: H200 for i in range(8)}

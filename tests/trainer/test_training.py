@@ -17,9 +17,9 @@ from tiny_targets import make_tiny_target
 from schemas.sampling import SamplingParams
 from trainer.data.prompts import load_prompts
 from trainer.data.regenerate import regenerate
-from trainer.targets import load_target
 from trainer.drafter.checkpoint import load_drafter
 from trainer.drafter.config import DrafterConfig
+from trainer.targets import load_target
 from trainer.training.blocks import build_blocks
 from trainer.training.config import TrainConfig
 from trainer.training.loop import Trainer

@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 
 import redis
-
 from services import wait_until
 from worker_harness import tiny_spec
 

@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-
 from services import wait_until
+from sqlalchemy import create_engine, text
 from worker_harness import STORAGE_BUCKET, tiny_spec
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-
 from services import DraftsmithProcess, free_port, inherited_env
 from worker_harness import tiny_spec
 

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from schemas.manifest import verify_manifest
 from services import DraftsmithProcess, free_port, inherited_env, wait_until
 from worker_harness import tiny_spec
+
+from schemas.manifest import verify_manifest
 
 pytestmark = pytest.mark.slow
 KEY = "dsk_dev_embedded_test_key"

@@ -8,7 +8,6 @@ import json
 
 import httpx
 import pytest
-
 from worker_harness import API_KEY, HUB_TOKEN, tiny_spec
 
 pytestmark = pytest.mark.slow

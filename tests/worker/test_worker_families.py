@@ -8,7 +8,6 @@ import json
 
 import pytest
 from tiny_targets import make_bpe_target
-
 from worker_harness import tiny_spec
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from worker_harness import tiny_spec
 
 pytestmark = pytest.mark.slow

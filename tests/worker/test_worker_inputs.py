@@ -8,7 +8,6 @@ import shutil
 
 import pytest
 import torch
-
 from services import moto_server
 from worker_harness import tiny_spec
 

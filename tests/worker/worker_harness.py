@@ -9,7 +9,6 @@ from pathlib import Path
 
 import boto3
 import httpx
-
 from hub_standin import HubStandIn
 from services import DraftsmithProcess, RedisServer, wait_until
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import gguf
 import numpy as np

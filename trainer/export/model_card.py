@@ -7,8 +7,14 @@ import json
 from report.engine_figures import engine_markdown, headline_engine_rows
 from schemas.bounds import file_uri_path
 from schemas.job_spec import BUNDLED_TABLE
-from schemas.validation_report import (EngineRow, SamplingTest, Speedup, TargetDescription, TauAtTemperature,
-                                       ValidationReport)
+from schemas.validation_report import (
+    EngineRow,
+    SamplingTest,
+    Speedup,
+    TargetDescription,
+    TauAtTemperature,
+    ValidationReport,
+)
 from trainer.drafter.config import DrafterConfig
 from trainer.export.drafter_d2t import D2T_DIR
 from trainer.targets.loading import Target

@@ -29,7 +29,6 @@ import enum
 import math
 from dataclasses import dataclass
 
-
 ENGINES = ("SGLang", "vLLM", "transformers", "llama.cpp")
 """The serving engines a drafter's export targets (the model card has a command for each one a family has)."""
 NOT_MEASURED = ("as the DFlash write-ups and the peers' recipes name them for this family; not measured by "

@@ -12,7 +12,6 @@ import socket
 import torch
 import torch.distributed as dist
 
-
 # What a launcher (torchrun, deepspeed) tells each rank. A process that is not a rank must not carry them on: a
 # world of one set up in this process (init_distributed) would otherwise leak its port to every child.
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

@@ -16,8 +16,8 @@ import torch
 from trainer.atomic import atomic_write_bytes
 from trainer.data.store import DataStore
 from trainer.drafter.checkpoint import save_drafter
-from trainer.drafter.draft_vocab import frequency_ranked_vocab, save_draft_vocab
 from trainer.drafter.config import DrafterConfig
+from trainer.drafter.draft_vocab import frequency_ranked_vocab, save_draft_vocab
 from trainer.drafter.model import Drafter
 from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.targets.loading import Target

@@ -50,8 +50,8 @@ import torch
 from schemas.sampling import SamplingParams
 from schemas.validation_plan import REFERENCE_BATCH, SAMPLED_TOKENS_PER_DRAW, gated_prompt_count, timed_prompt_count
 from schemas.validation_report import REPORT_VERSION, ValidationReport
-from trainer.device import DevicePlan, plan_of, synchronize
 from trainer.data.prompts import Prompt
+from trainer.device import DevicePlan, plan_of, synchronize
 from trainer.drafter.model import Drafter, DrafterCache
 from trainer.errors import DraftsmithError
 from trainer.speculative import SpeculativeDecoder
@@ -60,8 +60,13 @@ from trainer.targets.loading import Target
 from trainer.validation import SAMPLING_DRAWS, SAMPLING_PROMPTS, VALIDATION_MAX_NEW_TOKENS
 from trainer.validation.acceptance import AcceptanceStats, CategoryStats
 from trainer.validation.replay import GreedyReference, replay_greedy
-from trainer.validation.sampled_acceptance import (GREEDY_REPLAY, SPECULATIVE_SAMPLING, MeasuredAcceptance,
-                                                   sampled_acceptance, tau_figures)
+from trainer.validation.sampled_acceptance import (
+    GREEDY_REPLAY,
+    SPECULATIVE_SAMPLING,
+    MeasuredAcceptance,
+    sampled_acceptance,
+    tau_figures,
+)
 from trainer.validation.sampling_test import sampling_lossless_test
 
 SAMPLING_ALPHA = 1e-3
