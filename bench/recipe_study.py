@@ -9,6 +9,8 @@ its process CPU time, so rows stay comparable when other work shares the machine
 
     python -m bench.recipe_study --data DATA --work /tmp/study --rows baseline,kl [--steps 300]
     python -m bench.recipe_study --work /tmp/study --table          # the table of every row run so far
+    python -m bench.recipe_study --data DATA --work /tmp/dpace --rows bf16,dpace0.5 --seeds 3 --steps 150
+    python -m bench.recipe_study --work /tmp/dpace --ratios         # each row / bf16, pooled over seeds
 
 DATA is a data set from `draftsmith generate` (or the main job's OUT/.work/data) regenerated with the
 teacher signal and with every tap a row needs (e.g. layers 1,14,27,29).
@@ -71,6 +73,14 @@ ROWS: dict[str, tuple[str, dict, dict]] = {
                  BF16 | {"train_on_draft_vocab": True}),
     "auf": ("Spec-AUF: a block's CE stops after its first wrong prediction", {}, BF16 | {"first_failure_only": True}),
     "init-target": ("drafter layers initialised from the target's last layers", {}, BF16 | {"init": "target"}),
+    # The position weighting (`decay`, the fixed exponential decay, is `bf16`'s) against D-PACE, whose weights come
+    # from the drafter's own confidence; run with `--seeds 3` and read `--ratios`.
+    "dpace0.3": ("D-PACE position weights, alpha 0.3", {}, BF16 | {"position_weighting": "dpace", "dpace_alpha": 0.3}),
+    "dpace0.5": ("D-PACE position weights, alpha 0.5 (ModelOpt's default)", {},
+                 BF16 | {"position_weighting": "dpace", "dpace_alpha": 0.5}),
+    "dpace0.7": ("D-PACE position weights, alpha 0.7", {}, BF16 | {"position_weighting": "dpace", "dpace_alpha": 0.7}),
+    "dpace0.5+acc": ("D-PACE alpha 0.5 + the expected-acceptance term (weight 0.5)", {},
+                     BF16 | {"position_weighting": "dpace", "dpace_alpha": 0.5, "acceptance_loss_weight": 0.5}),
 }
 
 
@@ -83,8 +93,13 @@ def parse_overrides(text: str) -> dict:
     return out
 
 
+def seeded_name(name: str, seed: int | None) -> str:
+    """A row's name in results.jsonl: `name@seed` for a seeded repeat, so the seeds of one row sit side by side."""
+    return name if seed is None else f"{name}@{seed}"
+
+
 def run_row(name: str, drafter_overrides: dict, train_overrides: dict, args, target, store, references,
-            mask_token_id: int) -> dict:
+            mask_token_id: int, seed: int | None = None) -> dict:
     import torch
 
     from trainer.drafter.checkpoint import load_drafter
@@ -102,8 +117,10 @@ def run_row(name: str, drafter_overrides: dict, train_overrides: dict, args, tar
     train_overrides = dict(train_overrides)
     steps = round(args.steps * train_overrides.pop("steps_factor", 1.0))
     train = {"steps": steps, "max_minutes": None, "checkpoint_every": 10**6, **train_overrides}
+    if seed is not None:
+        train["seed"] = seed
     cfg = TrainConfig(**train)
-    out_dir = args.work / "rows" / name
+    out_dir = args.work / "rows" / seeded_name(name, seed)
     records: list[dict] = []
     load_before, cpu_before, wall_before = uptime_load(), time.process_time(), time.perf_counter()
     Trainer(target, store, out_dir, config, cfg, [records.append]).run()
@@ -111,7 +128,8 @@ def run_row(name: str, drafter_overrides: dict, train_overrides: dict, args, tar
     drafter = load_drafter(out_dir / "drafter")
     references = references()
     row = {
-        "row": name, "description": ROWS.get(name, ("ad hoc",))[0], "drafter": drafter_overrides | {
+        "row": seeded_name(name, seed), "study_row": name, "seed": cfg.seed,
+        "description": ROWS.get(name, ("ad hoc",))[0], "drafter": drafter_overrides | {
             "variant": variant, "num_layers": num_layers, "taps": taps}, "train": train,
         **score_drafter(target, drafter, references),
         "train_tau_estimate": records[-1]["train_tau_estimate"], "final_loss": records[-1]["loss"],
@@ -158,9 +176,13 @@ def print_table(work: Path, baseline: str = "baseline") -> str:
         delta = ""
         # Each row against the row it changes one thing of: bf16 against the float32 baseline, the rest
         # against bf16 (they keep its bfloat16 matmuls), `reference` naming any other.
-        reference = row.get("reference") or ("bf16" if row["train"].get("bf16_matmuls") and name != "bf16"
+        study_row, seed = row.get("study_row", name), row.get("seed")
+        reference = row.get("reference") or ("bf16" if row["train"].get("bf16_matmuls") and study_row != "bf16"
                                              else baseline)
-        base = rows.get(reference)
+        # A seeded repeat is set against the reference's run with the same seed where there is one.
+        base = rows.get(seeded_name(reference, seed)) if "study_row" in row else None
+        base = base or rows.get(reference)
+        reference = base["row"] if base is not None else reference
         delta_ci = paired_delta(row, base) if base is not None and name != reference else None
         if delta_ci is not None:
             delta = f"{delta_ci[0]:+.3f} [{delta_ci[1]:+.3f}, {delta_ci[2]:+.3f}] vs {reference}"
@@ -170,6 +192,63 @@ def print_table(work: Path, baseline: str = "baseline") -> str:
                      f"{row['tau_ci95'][1]:.3f}] | {delta} | {positions} | {row.get('tau_argmax', '')} | "
                      f"{sampled} | {row['oracle_tau']:.2f} | {row['train_tau_estimate']:.2f} | {row['steps']} | "
                      f"{row['cpu_s_per_step']:.2f} | {row['load_before']:.1f}-{row['load_after']:.1f} |")
+    table = "\n".join(lines)
+    print(table)
+    return table
+
+
+def seed_pooled_ratio(runs: list[dict], references: list[dict], draws: int = 4000,
+                      seed: int = 0) -> tuple[float, float, float] | None:
+    """tau(row) / tau(reference) over all seeds of both, with a 95 % interval from a two-level bootstrap: each
+    draw resamples the training seeds of each side (independent runs) and the held-out prompts (shared by both
+    sides, so the prompt difficulty cancels in the ratio). None when the runs were not all scored on the same
+    prompts."""
+    import random
+
+    if not runs or not references:
+        return None
+    count = len(runs[0]["per_prompt"])
+    if any(len(r["per_prompt"]) != count for r in runs + references):
+        return None
+
+    def tau(side: list[dict], seeds: list[int], prompts: list[int]) -> float:
+        emitted = sum(side[s]["per_prompt"][p][0] for s in seeds for p in prompts)
+        return emitted / max(1, sum(side[s]["per_prompt"][p][1] for s in seeds for p in prompts))
+
+    everything = list(range(count))
+    point = tau(runs, list(range(len(runs))), everything) / tau(references, list(range(len(references))), everything)
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(draws):
+        prompts = [rng.randrange(count) for _ in everything]
+        mine = [rng.randrange(len(runs)) for _ in runs]
+        theirs = [rng.randrange(len(references)) for _ in references]
+        ratios.append(tau(runs, mine, prompts) / tau(references, theirs, prompts))
+    ratios.sort()
+    return point, ratios[int(0.025 * draws)], ratios[min(draws - 1, int(0.975 * draws))]
+
+
+def print_ratios(work: Path, reference: str = "bf16") -> str:
+    """Each seeded study row's tau against `reference` pooled over seeds, with the seed-and-prompt interval, and
+    the verdict the default rule reads: a change becomes the default only if the whole interval lies above 1."""
+    by_row: dict[str, list[dict]] = {}
+    for row in load_results(work).values():
+        if row.get("seed") is not None and "study_row" in row:
+            by_row.setdefault(row["study_row"], []).append(row)
+    base = by_row.get(reference, [])
+    lines = [f"| row | seeds | tau (mean of seeds) | tau / {reference} [95 % CI, seeds and prompts] | CPU s/step | "
+             "verdict |", "|---|---|---|---|---|---|"]
+    for name, runs in by_row.items():
+        mean_tau = sum(r["tau"] for r in runs) / len(runs)
+        cpu = sum(r["cpu_s_per_step"] for r in runs) / len(runs)
+        ratio = seed_pooled_ratio(runs, base) if name != reference else None
+        if ratio is None:
+            cell, verdict = "", "reference" if name == reference else "not comparable"
+        else:
+            cell = f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]"
+            verdict = ("better: interval above 1" if ratio[1] > 1 else
+                       "worse: interval below 1" if ratio[2] < 1 else "no difference shown")
+        lines.append(f"| {name} | {len(runs)} | {mean_tau:.3f} | {cell} | {cpu:.2f} | {verdict} |")
     table = "\n".join(lines)
     print(table)
     return table
@@ -189,6 +268,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eval-max-new-tokens", type=int, default=None)
     parser.add_argument("--table", action="store_true", help="Only print the table of the rows run so far.")
+    parser.add_argument("--seeds", type=int, default=0,
+                        help="Train every row with seeds 0..N-1 (rows named ROW@SEED); --ratios pools them.")
+    parser.add_argument("--ratios", action="store_true",
+                        help="Only print each seeded row's tau ratio against bf16, pooled over seeds.")
     parser.add_argument("--sampled-prompts", type=int, default=0,
                         help="Also measure tau under speculative sampling at T=1 on this many held-out prompts.")
     parser.add_argument("--argmax", action="store_true", help="Also measure each DFlash 2 drafter without its "
@@ -196,6 +279,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.table:
         print_table(args.work)
+        return
+    if args.ratios:
+        print_ratios(args.work)
         return
 
     import torch
@@ -223,12 +309,18 @@ def main() -> None:
     if args.adhoc:
         name, drafter_part, train_part = args.adhoc.split(":")
         todo.append((name, parse_overrides(drafter_part), parse_overrides(train_part)))
-    for name, drafter_overrides, train_overrides in todo:
-        row = run_row(name, drafter_overrides, train_overrides, args, target, store, references, mask_token_id)
-        append_result(args.work, row)
-        print(f"{name}: tau {row['tau']} {row['tau_ci95']} per-position {row['per_position'][:4]} "
-              f"argmax {row.get('tau_argmax')} cpu/step {row['cpu_s_per_step']}", flush=True)
+    seeds = list(range(args.seeds)) if args.seeds else [None]
+    # Seed-major: every row's first seed before any second, so a study cut short still compares all rows.
+    for seed in seeds:
+        for name, drafter_overrides, train_overrides in todo:
+            row = run_row(name, drafter_overrides, train_overrides, args, target, store, references, mask_token_id,
+                          seed)
+            append_result(args.work, row)
+            print(f"{row['row']}: tau {row['tau']} {row['tau_ci95']} per-position {row['per_position'][:4]} "
+                  f"argmax {row.get('tau_argmax')} cpu/step {row['cpu_s_per_step']}", flush=True)
     print_table(args.work)
+    if args.seeds:
+        print_ratios(args.work)
 
 
 if __name__ == "__main__":

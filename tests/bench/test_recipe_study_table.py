@@ -4,6 +4,7 @@ the same prompts (paired), and a row measured on other prompts gets no differenc
 from __future__ import annotations
 
 import json
+import re
 
 from bench import recipe_study
 
@@ -39,3 +40,42 @@ def test_the_table_pairs_t1_tau_with_the_reference_row(tmp_path):
     assert lines["bf16"][6] == "1.100"  # the reference itself: no difference to itself
     assert lines["init-target"][6] == "1.200"  # 3 sampled prompts against 4: not paired, so no difference
     assert lines["gamma8"][6] == ""  # not sampled
+
+
+def _seeded(name: str, seed: int, per_prompt: list[tuple[int, int]]) -> dict:
+    return _row(f"{name}@{seed}", per_prompt, None) | {"study_row": name, "seed": seed}
+
+
+def _write(tmp_path, rows: list[dict]) -> None:
+    with open(tmp_path / "results.jsonl", "w") as out:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+
+
+def test_seeded_rows_pool_into_one_ratio_whose_interval_decides_the_default(tmp_path):
+    prompts = [(10 + i % 3, 10) for i in range(12)]  # prompts of varied difficulty
+    better = [(e + 2, c) for e, c in prompts]
+    _write(tmp_path, [_seeded("bf16", s, prompts) for s in range(3)]
+           + [_seeded("dpace0.5", s, better) for s in range(3)]
+           + [_seeded("dpace0.3", s, prompts) for s in range(3)]
+           # One lucky seed out of three: the seed resampling must not call that a win.
+           + [_seeded("dpace0.7", 0, [(e + 6, c) for e, c in prompts]), _seeded("dpace0.7", 1, prompts),
+              _seeded("dpace0.7", 2, [(e - 2, c) for e, c in prompts])])
+
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")
+            for line in recipe_study.print_ratios(tmp_path).splitlines()[2:]}
+    assert rows["bf16"][5].startswith("reference")
+    point, low, high = (float(x) for x in re.findall(r"[0-9.]+", rows["dpace0.5"][3]))
+    assert abs(point - sum(e for e, _ in better) / sum(e for e, _ in prompts)) < 1e-3
+    assert 1 < low <= point <= high
+    assert rows["dpace0.5"][5].startswith("better")
+    assert rows["dpace0.3"][3].startswith("1.000") and rows["dpace0.3"][5].startswith("no difference")
+    assert rows["dpace0.7"][5].startswith("no difference")  # its mean is above bf16, its seeds disagree
+
+
+def test_seeded_rows_on_other_prompts_are_not_compared(tmp_path):
+    base = [_seeded("bf16", s, [(12, 10)] * 6) for s in range(2)]
+    other = [_seeded("dpace0.5", s, [(14, 10)] * 5) for s in range(2)]
+    assert recipe_study.seed_pooled_ratio(other, base) is None
+    _write(tmp_path, base + other)
+    assert "not comparable" in recipe_study.print_ratios(tmp_path)
