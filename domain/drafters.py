@@ -134,7 +134,9 @@ def publications_by_job(session: Session, job_ids: list[str]) -> dict[str, list[
 def drafter_chain(session: Session, org_id: str, drafter_id: str) -> tuple[Drafter, list[Drafter]]:
     """The organisation's drafter and its chain: itself, its parent, the parent's parent... oldest last."""
     row = get_drafter_for_org(session, org_id, drafter_id)
-    chain, current, seen = [], row, set()
+    chain: list[Drafter] = []
+    seen: set[str] = set()
+    current: Drafter | None = row
     while current is not None and current.id not in seen and len(chain) < MAX_CHAIN:
         seen.add(current.id)
         chain.append(current)
