@@ -94,6 +94,15 @@ def embedded_environment(data_dir: Path) -> dict[str, str]:
     return {**defaults, **{k: v for k, v in os.environ.items() if k.startswith("DRAFTSMITH_")}}
 
 
+WORKER_STOP_SECONDS = 30
+"""How long `serve` lets its worker finish a warm shutdown (running stages checkpoint and hand over) before
+killing it."""
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _die_with_parent() -> None:
     """In the worker child: get SIGTERM when `serve` exits however it exits (uvicorn ends its own process by
     re-raising the signal it caught, so a `finally` in serve does not always run)."""
@@ -126,11 +135,17 @@ def serve(host: str, port: int, data_dir: Path) -> None:
     click.echo(f"try: draftsmith submit --url {url} --api-key {key} --target bundled:smollm2-135m --wait", err=True)
     import uvicorn
 
+    # uvicorn restores the handler it found and re-raises the SIGTERM it caught: with Python's default handler that
+    # ends this process on the spot, the `finally` below never runs and the worker is left to its own warm
+    # shutdown. Raising SystemExit instead runs the `finally`, which gives the worker WORKER_STOP_SECONDS.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         uvicorn.run("api.main:app", host=host, port=port, log_level="info")
     finally:
-        os.killpg(worker_process.pid, signal.SIGTERM)
+        # SIGTERM to the worker's main process only: Celery's warm shutdown stops its pool children itself. Signalled
+        # directly, a child can die holding the pool's queue lock, and the main process then waits on it for ever.
+        worker_process.terminate()
         try:
-            worker_process.wait(timeout=30)
+            worker_process.wait(timeout=WORKER_STOP_SECONDS)
         except subprocess.TimeoutExpired:
             os.killpg(worker_process.pid, signal.SIGKILL)

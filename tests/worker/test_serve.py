@@ -15,6 +15,7 @@ from services import DraftsmithProcess, free_port, inherited_env, wait_until
 from worker_harness import tiny_spec
 
 from schemas.manifest import verify_manifest
+from worker.cli import WORKER_STOP_SECONDS
 
 pytestmark = pytest.mark.slow
 KEY = "dsk_dev_embedded_test_key"
@@ -71,7 +72,8 @@ def test_serve_runs_a_submitted_job_to_verified_artifacts(tmp_path, models):
         assert resumed.returncode == 1 and f"job {failed_id}" in resumed.stderr, resumed.stderr[-2000:]
         assert "target_not_found" in resumed.stderr
     finally:
-        server.stop()
+        # More than serve's own grace for its worker: killing serve inside it would orphan the worker.
+        server.stop(timeout=WORKER_STOP_SECONDS + 30)
     try:
         wait_until(lambda: not _worker_processes_of(data_dir), 60, "the worker to exit with serve")
     except TimeoutError as exc:  # name what is still running, and what the worker last logged
