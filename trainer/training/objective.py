@@ -76,7 +76,8 @@ class DistillationObjective(nn.Module):
     def __init__(self, drafter: Drafter, frozen: FrozenTargetParts, selector_loss_weight: float = 1.0,
                  kl_weight: float = 0.0, hidden_loss_weight: float = 0.0, bf16_matmuls: bool = False,
                  draft_ids: torch.Tensor | None = None, first_failure_only: bool = False,
-                 weighting: recipe.PositionWeighting = "decay", dpace_alpha: float = 0.5, acceptance_loss_weight: float = 0.0):
+                 weighting: recipe.PositionWeighting = recipe.POSITION_WEIGHTING,
+                 dpace_alpha: float = recipe.DPACE_ALPHA, acceptance_loss_weight: float = recipe.ACCEPTANCE_LOSS_WEIGHT):
         super().__init__()
         self.weighting = weighting
         self.dpace_alpha = dpace_alpha
@@ -155,10 +156,13 @@ class DistillationObjective(nn.Module):
         # The probability the drafter proposes the gold token at each position given a correct prefix (0 where it
         # cannot propose it): the selector's among the top-K for DFlash 2, the LM head's for DFlash. With a
         # teacher mixture (kl_weight) the LM head's is approximated by exp(-its mixed cross-entropy).
-        acceptance = (torch.exp(-selected["loss"]) * selected["in_top_k"] if selected is not None
-                      else torch.exp(-row_ce)) * draftable
+        # Only D-PACE and the acceptance term read it; the fixed decay does without.
+        acceptance = None
+        if self.weighting == "dpace" or self.acceptance_loss_weight:
+            proposes = torch.exp(-selected["loss"]) * selected["in_top_k"] if selected is not None else torch.exp(-row_ce)
+            acceptance = proposes * draftable
         valid = batch.weights > 0
-        if self.weighting == "dpace":
+        if acceptance is not None and self.weighting == "dpace":
             dpace = dpace_weights(to_grid(acceptance.detach(), supervised, valid.shape), valid, self.dpace_alpha)
             weights = dpace.reshape(-1)[supervised] * (weights > 0)
         ce = (row_ce * weights).sum() / weights.sum().clamp_min(1e-9)
@@ -174,7 +178,7 @@ class DistillationObjective(nn.Module):
             selector_ce = (selected["loss"] * selector_weights).sum() / selector_weights.sum().clamp_min(1e-6)
             out["loss"] = out["loss"] + self.selector_loss_weight * selector_ce
             out.update(selector_ce=selector_ce.detach(), topk_recall=selected["in_top_k"].float().mean().detach())
-        if self.acceptance_loss_weight:
+        if acceptance is not None and self.acceptance_loss_weight:
             term, expected_tau = acceptance_loss(to_grid(acceptance, supervised, valid.shape), valid)
             out["loss"] = out["loss"] + self.acceptance_loss_weight * term
             out["expected_tau"] = expected_tau
