@@ -1,22 +1,30 @@
-"""Bench: our drafters side by side with SpecForge's DFlash (the open-source trainer) on the same data and compute.
+"""Bench: our drafters side by side with the open-source trainers that ship DFlash today, on the same data.
 
-SpecForge 0.2.0 (DFlash only), our DFlash and our DFlash 2 train on one regenerated data set with the same taps,
-mask token, block size, drafter layers, batch (sequences per step) and anchors per sequence; SpecForge keeps its
-own published recipe wherever ours differs (learning rate and schedule, optimizer, loss decay, weight dtype,
-init: see docs/PEERS.md). Each trainer runs as its own process under `nice` at `--threads` threads, and a
-row records that process's CPU seconds (its children included) and the load average before and after, so rows
-stay comparable when other work shares the machine (wall time does not). Two budgets:
+Peers: SpecForge 0.2.0 (DFlash), vLLM `speculators` 0.9.0 (DFlash and DFlash 2, with or without D-PACE), NeMo
+Automodel 0.7.0 (DFlash and DFlash 2) and NVIDIA ModelOpt 0.47.0 (DFlash with D-PACE, one target tap per drafter
+layer, so 3 layers against our 3-layer rows). Every trainer trains on one regenerated data set with the same
+taps, mask token, block size, drafter layers, batch (sequences per step), anchors per sequence and optimizer
+steps; a peer row runs either its authors' schedule (learning rate, warm-up, decay, optimizer, loss decay) or
+ours (`bench.peer_run.OUR_SCHEDULE`). Each peer lives in its own venv (`bash bench/setup/<peer>.sh`) and is driven
+by bench/<peer>_peer.py (SpecForge: bench/specforge_peer.py), the CUDA-only calls of some overridden at run time by
+a launcher of ours (never an edit to their sources). Each trainer runs as its own process under `nice` at
+`--threads` threads; a row records that process's CPU seconds (its children included) and the load average
+before and after, so rows stay comparable when other work shares the machine (wall time does not).
 
-- equal steps (`*-steps` rows): every trainer runs `--steps` optimizer steps;
-- equal CPU time (`*-cpu` rows): every trainer gets the CPU seconds our DFlash 2 took at `--steps` (the
-  `dflash2-steps` row), as the step count its own equal-steps row says fits them, so its schedule still ends.
+Budgets: equal steps (every row but the `*-cpu` ones: `--steps` optimizer steps) and, against SpecForge, equal
+CPU time (`*-cpu` rows get the CPU seconds our DFlash 2 took at `--steps`, the `dflash2-steps` row, as the step
+count their own equal-steps row says fits them, so each schedule still ends).
 
-Every drafter, SpecForge's as `specforge export --to hf` wrote it, is scored by our replay on the built-in set's
-held-out prompts (66 at the recipe's hold-out share; bench/heldout.py) with a 95 % bootstrap interval, and each row
-against SpecForge's row of the same budget with paired intervals (difference and ratio of tau).
+Every drafter, a peer's as its export wrote it, is judged twice on the built-in set's held-out prompts (66 at the
+recipe's hold-out share; bench/heldout.py): by our replay, and by the reference `dflash` package's decoder
+(bench/reference_decode.py: its own `dflash_generate` against the target, which also checks the output against
+the target's greedy continuation), each with a 95 % bootstrap interval and, against our row of the same variant
+and depth, the paired interval of the tau ratio. A peer that fails to install, train or export is a row that says
+why.
 
-    bash bench/setup/specforge.sh                         # SpecForge in .engines/specforge (its own venv)
+    bash bench/setup/specforge.sh                         # and speculators.sh, nemo_automodel.sh, modelopt.sh
     python -m bench.peers --data DATA --work WORK --rows specforge-steps,dflash-steps,dflash2-steps [--steps 300]
+    python -m bench.peers --data DATA --work WORK --rows speculators-dflash2-dpace-authors,nemo-dflash2-authors
     python -m bench.peers --data DATA --work WORK --rows specforge-cpu,dflash-cpu
     python -m bench.peers --data DATA --work WORK --check-export specforge-steps   # lossless + `draftsmith validate`
     python -m bench.peers --work WORK --table
@@ -28,11 +36,13 @@ in separate processes on the same WORK (two at once at most on two cores); resul
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import specforge_peer
@@ -49,42 +59,70 @@ from bench.heldout import (
     uptime_load,
     work_lock,
 )
+from bench.peer_run import ENGINES, ROOT, PeerFailed, PeerRow, run_measured
 
-ROOT = Path(__file__).resolve().parent.parent
+
+@dataclass(frozen=True)
+class Row:
+    trainer: str
+    """`ours`, `specforge` or a peer driven by a module of PEER_MODULES."""
+    variant: str
+    """`dflash` or `dflash2`."""
+    budget: str = "steps"
+    """`steps` (--steps optimizer steps) or `cpu` (the CPU seconds of BUDGET_ROW)."""
+    schedule: str = "authors"
+    """The optimizer and learning-rate schedule: the trainer's own (`authors`; for our rows, ours) or `ours`."""
+    layers: int | None = None
+    """Drafter layers (None: --layers). A ModelOpt drafter taps one target layer per layer: 3 for 3 taps."""
+    dpace: bool | None = None
+    """D-PACE position weights on or off (None: the trainer's default)."""
+
+
+PEER_MODULES = {"speculators": "bench.speculators_peer", "nemo_automodel": "bench.nemo_automodel_peer",
+                "modelopt": "bench.modelopt_peer"}
+TRAINER_NAMES = {"ours": "Draftsmith", "specforge": "SpecForge 0.2.0", "speculators": "vLLM speculators 0.9.0",
+                 "nemo_automodel": "NeMo Automodel 0.7.0", "modelopt": "NVIDIA ModelOpt 0.47.0"}
 ROWS = {
-    # name: (trainer, variant, budget)
-    "specforge-steps": ("specforge", "dflash", "steps"),
-    "dflash-steps": ("ours", "dflash", "steps"),
-    "dflash2-steps": ("ours", "dflash2", "steps"),
-    "specforge-cpu": ("specforge", "dflash", "cpu"),
-    "dflash-cpu": ("ours", "dflash", "cpu"),
+    "specforge-steps": Row("specforge", "dflash"),
+    "dflash-steps": Row("ours", "dflash"),
+    "dflash2-steps": Row("ours", "dflash2"),
+    "specforge-cpu": Row("specforge", "dflash", budget="cpu"),
+    "dflash-cpu": Row("ours", "dflash", budget="cpu"),
+    "dflash-3l-steps": Row("ours", "dflash", layers=3),
+    "dflash2-3l-steps": Row("ours", "dflash2", layers=3),
+    "dflash-dpace-steps": Row("ours", "dflash", dpace=True),
+    "dflash2-dpace-steps": Row("ours", "dflash2", dpace=True),
+    **{f"speculators-{variant}{'-dpace' if dpace else ''}-{schedule}":
+       Row("speculators", variant, schedule=schedule, dpace=dpace)
+       for variant in ("dflash", "dflash2") for dpace in (True, False) for schedule in ("authors", "ours")},
+    **{f"nemo-{variant}-{schedule}": Row("nemo_automodel", variant, schedule=schedule)
+       for variant in ("dflash", "dflash2") for schedule in ("authors", "ours")},
+    **{f"modelopt-dflash-dpace-{schedule}": Row("modelopt", "dflash", schedule=schedule, layers=3, dpace=True)
+       for schedule in ("authors", "ours")},
 }
 BUDGET_ROW = "dflash2-steps"
 """The equal-CPU budget: the CPU seconds of our DFlash 2 at --steps (it is its own equal-CPU row)."""
 
 
-def run_measured(command: list[str], log: Path, env: dict) -> tuple[int, float, float]:
-    """Run `command` under nice; (exit status, CPU seconds of the process and its children, wall seconds)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with log.open("w") as out:
-        process = subprocess.Popen(["nice", "-n", "10", *command], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                   cwd=ROOT)
-        # wait4 gives this child's own rusage, which includes every descendant it waited for.
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode, usage.ru_utime + usage.ru_stime, time.perf_counter() - started
+def base_row(name: str, args) -> str | None:
+    """Our equal-steps row a row is judged against: ours of the same variant and drafter depth (None for our
+    own rows and SpecForge's equal-CPU ones, tabled as before)."""
+    row = ROWS[name.split("+")[0]]
+    if row.trainer == "ours" or row.budget != "steps":
+        return None
+    layers = row.layers or args.layers
+    return f"{row.variant}-steps" if layers == args.layers else f"{row.variant}-{layers}l-steps"
 
 
 def sizing_row(name: str, args) -> str:
     """The row whose CPU per step sizes an equal-CPU row: its own trainer's equal-steps row, or `--size-from` (a
     row of the same trainer measured on a quieter machine: CPU seconds per step rise with the load beside them)."""
-    trainer, variant, _ = ROWS[name]
-    return args.size_from or f"{'specforge' if trainer == 'specforge' else variant}-steps"
+    row = ROWS[name]
+    return args.size_from or f"{'specforge' if row.trainer == 'specforge' else row.variant}-steps"
 
 
 def steps_for(name: str, args, results: dict) -> int:
-    if ROWS[name][2] == "steps":
+    if ROWS[name].budget == "steps":
         return args.steps
     sizing = sizing_row(name, args)
     reference = results.get(sizing)
@@ -95,32 +133,51 @@ def steps_for(name: str, args, results: dict) -> int:
     return max(1, round(reference["steps"] * budget_cpu / reference["train_cpu_s"]))
 
 
-def drafter_config(target, variant: str, args, mask_token_id: int):
+def drafter_config(target, variant: str, args, mask_token_id: int, layers: int):
     from trainer.drafter.config import DrafterConfig
 
-    return DrafterConfig.for_target(target, variant=variant, num_layers=args.layers, block_size=args.block_size,
+    return DrafterConfig.for_target(target, variant=variant, num_layers=layers, block_size=args.block_size,
                                     mask_token_id=mask_token_id, target_layer_ids=args.taps)
 
 
-def train_ours(name: str, variant: str, steps: int, args, env: dict) -> tuple[Path, dict]:
-    """Our trainer exactly as a user runs it: `draftsmith train`, the recipe's defaults except what is aligned."""
-    run_dir = args.work / "rows" / name
-    if run_dir.exists():
-        import shutil
+def fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    return path
 
-        shutil.rmtree(run_dir)
+
+def train_ours(name: str, row: Row, steps: int, args, env: dict) -> tuple[Path, dict]:
+    """Our trainer exactly as a user runs it: `draftsmith train`, the recipe's defaults except what is aligned."""
+    run_dir = fresh_dir(args.work / "rows" / name)
     command = [str(ROOT / ".venv" / "bin" / "draftsmith"), "train", "--target", str(args.target_dir), "--data",
-               str(args.data), "--out", str(run_dir), "--variant", variant, "--num-layers", str(args.layers),
-               "--block-size", str(args.block_size), "--mask-token-id", str(args.mask_token_id), "--steps",
-               str(steps), "--batch-size", str(args.batch_size), "--anchors", str(args.anchors),
-               "--max-minutes", "100000", "--checkpoint-every", str(steps)]
+               str(args.data), "--out", str(run_dir), "--variant", row.variant, "--num-layers",
+               str(row.layers or args.layers), "--block-size", str(args.block_size), "--mask-token-id",
+               str(args.mask_token_id), "--steps", str(steps), "--batch-size", str(args.batch_size), "--anchors",
+               str(args.anchors), "--max-minutes", "100000", "--checkpoint-every", str(steps)]
+    if row.dpace:
+        command += ["--position-weighting", "dpace"]
     status, cpu, wall = run_measured(command, args.work / "logs" / f"{name}.log", env)
     if status:
-        raise SystemExit(f"{name}: draftsmith train exited {status}; see {args.work / 'logs' / f'{name}.log'}")
+        raise PeerFailed(f"draftsmith train exited {status}; see {args.work / 'logs' / f'{name}.log'}")
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     return run_dir / "drafter", {"steps": last["step"], "final_loss": last["loss"],
                                  "train_tau_estimate": last["train_tau_estimate"], "train_cpu_s": round(cpu, 1),
                                  "train_wall_s": round(wall, 1)}
+
+
+def train_peer(name: str, row: Row, steps: int, args) -> tuple[Path, dict]:
+    """A peer of PEER_MODULES through its module's `train(PeerRow, venv)` (bench/peer_run.py)."""
+    module = importlib.import_module(PEER_MODULES[row.trainer])
+    venv = getattr(module, "DEFAULT_VENV", ENGINES / row.trainer)
+    peer_row = PeerRow(
+        name=name, variant=row.variant, schedule=row.schedule, steps=steps, target_dir=Path(args.target_dir),
+        data_dir=args.data, work=args.work, row_dir=fresh_dir(args.work / "rows" / name),
+        log=args.work / "logs" / f"{name}.log", taps=tuple(args.taps), layers=row.layers or args.layers,
+        block_size=args.block_size, batch_size=args.batch_size, anchors=args.anchors,
+        mask_token_id=args.mask_token_id, threads=args.threads,
+        options={} if row.dpace is None else {"dpace": row.dpace})
+    peer_row.row_dir.mkdir(parents=True)
+    return module.train(peer_row, venv)
 
 
 def train_specforge(name: str, steps: int, args, env: dict, target, store) -> tuple[Path, dict]:
@@ -128,15 +185,11 @@ def train_specforge(name: str, steps: int, args, env: dict, target, store) -> tu
 
     with work_lock(args.work / "specforge-data"):
         converted = specforge_peer.convert_data(store, args.work / "specforge-data", args.taps)
-    row_dir = args.work / "rows" / name
-    if row_dir.exists():
-        import shutil
-
-        shutil.rmtree(row_dir)
+    row_dir = fresh_dir(args.work / "rows" / name)
     row_dir.mkdir(parents=True)
     draft_path = row_dir / "draft_config.json"
     draft_path.write_text(json.dumps(specforge_peer.draft_config(
-        drafter_config(target, "dflash", args, args.mask_token_id)), indent=1))
+        drafter_config(target, "dflash", args, args.mask_token_id, args.layers)), indent=1))
     config = specforge_peer.run_config(
         target_dir=args.target_dir, draft_config_path=draft_path, data_dir=args.work / "specforge-data",
         out_dir=row_dir / "run", samples=converted["samples"], steps=steps, batch_size=args.batch_size,
@@ -147,13 +200,13 @@ def train_specforge(name: str, steps: int, args, env: dict, target, store) -> tu
     status, cpu, wall = run_measured(specforge_peer.train_command(args.specforge_venv, row_dir / "run.yaml"), log,
                                      specforge_peer.environment(args.threads) | {"PYTHONPATH": ""})
     if status:
-        raise SystemExit(f"{name}: specforge train exited {status}; see {log}")
+        raise PeerFailed(f"specforge train exited {status}; see {log}")
     export_dir = row_dir / "export"
     exported = subprocess.run(specforge_peer.export_command(args.specforge_venv, row_dir / "run", draft_path,
                                                             export_dir, args.target_dir),
                               env=specforge_peer.environment(args.threads), capture_output=True, text=True)
     if exported.returncode:
-        raise SystemExit(f"{name}: specforge export failed:\n{exported.stdout[-2000:]}{exported.stderr[-2000:]}")
+        raise PeerFailed(f"specforge export failed:\n{exported.stdout[-2000:]}{exported.stderr[-2000:]}")
     losses = specforge_peer.losses(log.read_text())
     return export_dir, {"steps": losses[-1][0] if losses else steps, "final_loss": losses[-1][1] if losses else None,
                         "train_tau_estimate": None, "train_cpu_s": round(cpu, 1), "train_wall_s": round(wall, 1),
@@ -164,35 +217,48 @@ def run_row(name: str, args, target, store, references) -> dict:
     from trainer.drafter.checkpoint import load_drafter
     from trainer.validation.replay import replay_acceptance
 
-    trainer, variant, budget = ROWS[name]
+    row = ROWS[name]
     steps = steps_for(name, args, load_results(args.work))
-    sized_from = sizing_row(name, args) if budget == "cpu" else None
+    sized_from = sizing_row(name, args) if row.budget == "cpu" else None
     if args.tag:  # a variant of the row (e.g. SpecForge with one of our settings), tabled against the plain rows
         name = f"{name}+{args.tag}"
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    record = {"row": name, "trainer": row.trainer, "variant": row.variant, "budget": row.budget,
+              "schedule": row.schedule, "dpace": row.dpace, "layers": row.layers or args.layers, "steps": steps,
+              "threads": args.threads, "git": git_revision(), "uncommitted": uncommitted(),
+              "aligned": {"taps": args.taps, "mask_token_id": args.mask_token_id, "block_size": args.block_size,
+                          "layers": row.layers or args.layers, "batch_size": args.batch_size,
+                          "anchors": args.anchors}}
     load_before = uptime_load()
-    if trainer == "specforge":
-        drafter_dir, trained = train_specforge(name, steps, args, env, target, store)
-    else:
-        drafter_dir, trained = train_ours(name, variant, steps, args, env)
+    try:
+        if row.trainer == "specforge":
+            drafter_dir, trained = train_specforge(name, steps, args, env, target, store)
+        elif row.trainer == "ours":
+            drafter_dir, trained = train_ours(name, row, steps, args, env)
+        else:
+            drafter_dir, trained = train_peer(name, row, steps, args)
+        drafter = load_drafter(drafter_dir)  # the export as the trainer wrote it: no conversion
+    except (PeerFailed, OSError, ValueError, RuntimeError) as failure:  # the row says why; the others still run
+        return record | {"failed": f"{type(failure).__name__}: {failure}"[:2000], "load_before": round(load_before, 2),
+                         "load_after": round(uptime_load(), 2)}
     load_after = uptime_load()
-    drafter = load_drafter(drafter_dir)  # SpecForge's export as it wrote it: no conversion
     refs = references()
-    row = {"row": name, "trainer": trainer, "variant": variant, "budget": budget, "drafter_dir": str(drafter_dir),
-           **trained, **score_drafter(target, drafter, refs)}
+    record.update(drafter_dir=str(drafter_dir), **trained, **score_drafter(target, drafter, refs))
     if args.full_vocab and drafter.draft_vocab is not None:  # ours drafts over its draft vocabulary; over all:
         drafter.draft_vocab = None
-        row["tau_full_vocab"] = round(replay_acceptance(target, drafter, refs).tau, 4)
-    row.update(cpu_s_per_step=round(row["train_cpu_s"] / max(1, row["steps"]), 3), threads=args.threads,
-               load_before=round(load_before, 2), load_after=round(load_after, 2), git=git_revision(),
-               uncommitted=uncommitted(),
-               aligned={"taps": args.taps, "mask_token_id": args.mask_token_id, "block_size": args.block_size,
-                        "layers": args.layers, "batch_size": args.batch_size, "anchors": args.anchors})
-    if args.specforge_set and trainer == "specforge":
-        row["specforge_set"] = args.specforge_set
+        record["tau_full_vocab"] = round(replay_acceptance(target, drafter, refs).tau, 4)
+    if args.reference_prompts:
+        from bench.reference_decode import reference_score
+
+        record["reference"] = reference_score(target, Path(drafter_dir), refs, args.reference_prompts,
+                                              args.reference_tokens)
+    record.update(cpu_s_per_step=round(record["train_cpu_s"] / max(1, record["steps"]), 3),
+                  load_before=round(load_before, 2), load_after=round(load_after, 2))
+    if args.specforge_set and row.trainer == "specforge":
+        record["specforge_set"] = args.specforge_set
     if sized_from:
-        row["sized_from"] = sized_from
-    return row
+        record["sized_from"] = sized_from
+    return record
 
 
 def check_export(name: str, args, target, references, prompts: int) -> dict:
@@ -208,6 +274,8 @@ def check_export(name: str, args, target, references, prompts: int) -> dict:
     from trainer.validation.report import validate
 
     row = load_results(args.work)[name]
+    if "failed" in row:
+        raise SystemExit(f"{name} did not train: {row['failed']}")
     drafter = load_drafter(Path(row["drafter_dir"]))
     decoder = SpeculativeDecoder(target, drafter)
     mismatches = []
@@ -227,36 +295,76 @@ def check_export(name: str, args, target, references, prompts: int) -> dict:
     return check
 
 
-def print_table(work: Path) -> str:
-    rows = load_results(work)
-    out = []
-    for budget, title in (("steps", "equal optimizer steps"), ("cpu", "equal CPU time")):
-        names = [n for n, r in rows.items() if r["budget"] == budget]
-        if budget == "cpu" and BUDGET_ROW in rows:
-            names.append(BUDGET_ROW)
-        if not names:
+def _ratio_cell(ours: dict | None, row: dict, key: str | None = None) -> str:
+    """ours / row with its paired 95 % interval (over the prompts both were judged on), or blank."""
+    if ours is None or ours is row or "failed" in ours:
+        return ""
+    a, b = (ours, row) if key is None else (ours.get(key), row.get(key))
+    ratio = paired_ratio(a, b) if a and b else None
+    return f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]" if ratio else ""
+
+
+def _tau_cell(result: dict) -> str:
+    return f"{result['tau']:.3f} [{result['tau_ci95'][0]:.3f}, {result['tau_ci95'][1]:.3f}]"
+
+
+def steps_table(rows: dict[str, dict], args) -> list[str]:
+    """Every equal-steps row; a peer's judged against ours of the same variant and depth and against our DFlash 2."""
+    out = ["**equal optimizer steps** (ours / this: the paired ratio of held-out tau; > 1 means ours accepts more)",
+           "", "| row | trainer | variant | schedule | D-PACE | layers | steps | held-out tau, our replay [95% CI] | "
+           "ours (same variant) / this | our DFlash 2 / this | tau by the reference decoder [95% CI], mismatches | "
+           "ours / this, reference decoder | per-position acceptance | CPU s/step | load before-after |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        if row["budget"] != "steps":
             continue
-        base = rows.get(f"specforge-{budget}")
-        out += [f"**{title}**", "", "| row | trainer | steps | held-out tau [95% CI] | tau / SpecForge's [paired 95% "
-                "CI] | tau - SpecForge's [paired 95% CI] | per-position acceptance | oracle tau | train CPU s | CPU "
-                "s/step | load before-after |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for name in names:
-            row = rows[name]
-            ratio = delta = ""
-            if base is not None and name != base["row"]:
-                r, d = paired_ratio(row, base), paired_delta(row, base)
-                ratio = f"{r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" if r else ""
-                delta = f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]" if d else ""
-            who = {"specforge": "SpecForge 0.2.0 DFlash", "ours": f"Draftsmith {row['variant']}"}[row["trainer"]]
-            tau = f"{row['tau']:.3f} [{row['tau_ci95'][0]:.3f}, {row['tau_ci95'][1]:.3f}]"
-            if "tau_full_vocab" in row:
-                tau += f" (full vocabulary {row['tau_full_vocab']:.3f})"
-            positions = ", ".join(f"{a:.2f}" for a in row["per_position"][:4])
-            out.append(f"| {name} | {who} | {row['steps']} | {tau} | {ratio} | {delta} | {positions} | "
-                       f"{row['oracle_tau']:.2f} | {row['train_cpu_s']:.0f} | {row['cpu_s_per_step']:.2f} | "
-                       f"{row['load_before']:.1f}-{row['load_after']:.1f} |")
-        out.append("")
-    table = "\n".join(out)
+        head = (f"| {name} | {TRAINER_NAMES.get(row['trainer'], row['trainer'])} | {row['variant']} | "
+                f"{row.get('schedule', 'authors')} | {'default' if row.get('dpace') is None else row['dpace']} | "
+                f"{row.get('layers', args.layers)} | {row['steps']} |")
+        if "failed" in row:
+            out.append(f"{head} did not run: {row['failed'].splitlines()[0][:300]} | | | | | | | |")
+            continue
+        base = rows.get(base_row(name, args) or "")
+        dflash2 = rows.get("dflash2-steps" if row.get("layers", args.layers) == args.layers else "dflash2-3l-steps")
+        reference = row.get("reference")
+        ref_cell = (f"{_tau_cell(reference)}, {len(reference['greedy_mismatches'])} of {reference['prompts']}"
+                    if reference else "")
+        positions = ", ".join(f"{a:.2f}" for a in row["per_position"][:4])
+        out.append(f"{head} {_tau_cell(row)} | {_ratio_cell(base, row)} | "
+                   f"{_ratio_cell(dflash2 if row['trainer'] != 'ours' else None, row)} | {ref_cell} | "
+                   f"{_ratio_cell(base, row, 'reference')} | {positions} | {row['cpu_s_per_step']:.2f} | "
+                   f"{row['load_before']:.1f}-{row['load_after']:.1f} |")
+    return out + [""]
+
+
+def cpu_table(rows: dict[str, dict]) -> list[str]:
+    """Equal CPU time against SpecForge: every row over SpecForge's row of that budget."""
+    names = [n for n, r in rows.items() if r["budget"] == "cpu" and "failed" not in r]
+    if not names:
+        return []
+    if BUDGET_ROW in rows:
+        names.append(BUDGET_ROW)
+    base = rows.get("specforge-cpu")
+    out = ["**equal CPU time**", "", "| row | trainer | steps | held-out tau [95% CI] | tau / SpecForge's [paired 95% "
+           "CI] | tau - SpecForge's [paired 95% CI] | per-position acceptance | oracle tau | train CPU s | CPU s/step "
+           "| load before-after |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        row = rows[name]
+        ratio = delta = ""
+        if base is not None and name != base["row"]:
+            r, d = paired_ratio(row, base), paired_delta(row, base)
+            ratio = f"{r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" if r else ""
+            delta = f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]" if d else ""
+        positions = ", ".join(f"{a:.2f}" for a in row["per_position"][:4])
+        out.append(f"| {name} | {TRAINER_NAMES[row['trainer']]} {row['variant']} | {row['steps']} | {_tau_cell(row)} "
+                   f"| {ratio} | {delta} | {positions} | {row['oracle_tau']:.2f} | {row['train_cpu_s']:.0f} | "
+                   f"{row['cpu_s_per_step']:.2f} | {row['load_before']:.1f}-{row['load_after']:.1f} |")
+    return out + [""]
+
+
+def print_table(work: Path, args) -> str:
+    rows = load_results(work)
+    table = "\n".join(steps_table(rows, args) + cpu_table(rows))
     print(table)
     return table
 
@@ -281,6 +389,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="Threads of each training process.")
     parser.add_argument("--references", type=Path, default=None, help="Held-out references folder to reuse "
                                                                        "(default WORK/references).")
+    parser.add_argument("--reference-prompts", type=int, default=24, help="Held-out prompts the reference `dflash` "
+                        "decoder judges each drafter on (0: skip it).")
+    parser.add_argument("--reference-tokens", type=int, default=64, help="New tokens per prompt there.")
     parser.add_argument("--specforge-venv", type=Path, default=specforge_peer.DEFAULT_VENV)
     parser.add_argument("--specforge-set", default="", help="SpecForge training settings to change, e.g. "
                                                             "'learning_rate=2e-3;warmup_ratio=0.5' (JSON values).")
@@ -295,7 +406,7 @@ def main() -> None:
     parser.add_argument("--table", action="store_true", help="Only print the tables of the rows run so far.")
     args = parser.parse_args()
     if args.table:
-        print_table(args.work)
+        print_table(args.work, args)
         return
     unknown = [n for n in filter(None, args.rows.split(",")) if n not in ROWS]
     if unknown or not args.data:
@@ -325,11 +436,15 @@ def main() -> None:
     for name in filter(None, args.rows.split(",")):
         row = run_row(name, args, target, store, references)
         append_result(args.work, row)
+        if "failed" in row:
+            print(f"{name}: did not run: {row['failed']}", flush=True)
+            continue
         print(f"{name}: tau {row['tau']} {row['tau_ci95']} steps {row['steps']} cpu {row['train_cpu_s']} s "
-              f"({row['cpu_s_per_step']} s/step) load {row['load_before']}-{row['load_after']}", flush=True)
+              f"({row['cpu_s_per_step']} s/step) load {row['load_before']}-{row['load_after']}"
+              + (f" reference tau {row['reference']['tau']}" if "reference" in row else ""), flush=True)
     for name in filter(None, args.check_export.split(",")):
         print(json.dumps(check_export(name, args, target, references(), args.check_prompts)), flush=True)
-    print_table(args.work)
+    print_table(args.work, args)
 
 
 if __name__ == "__main__":

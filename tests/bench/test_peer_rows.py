@@ -1,0 +1,85 @@
+"""bench/peers.py's rows of today's peers: each is judged against our row of the same variant and depth, a peer
+that cannot run stays in the table as a row saying why, and the reference `dflash` decoder's judgement of a drafter
+agrees with our replay (the same acceptance per prompt, and the target's own tokens)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from drafters import random_drafter
+
+from bench import peers
+from bench.peer_run import PeerFailed
+from bench.reference_decode import reference_score
+from schemas.sampling import SamplingParams
+from trainer.data.prompts import Prompt
+from trainer.drafter.checkpoint import save_drafter
+from trainer.validation.replay import greedy_references, replay_acceptance
+
+ARGS = argparse.Namespace(layers=2, steps=60, size_from="", tag="", threads=1, taps=[1, 14, 27], block_size=8,
+                          batch_size=16, anchors=12, mask_token_id=16, target_dir="/target", data=Path("/data"))
+
+
+def test_a_peer_row_is_judged_against_ours_of_the_same_variant_and_depth():
+    assert peers.base_row("speculators-dflash2-dpace-authors", ARGS) == "dflash2-steps"
+    assert peers.base_row("nemo-dflash-ours", ARGS) == "dflash-steps"
+    assert peers.base_row("modelopt-dflash-dpace-authors", ARGS) == "dflash-3l-steps"  # one tap per layer: 3
+    assert peers.base_row("specforge-steps", ARGS) == "dflash-steps"
+    assert peers.base_row("dflash2-3l-steps", ARGS) is None and peers.base_row("specforge-cpu", ARGS) is None
+    assert all(peers.base_row(name, ARGS) in peers.ROWS for name, row in peers.ROWS.items()
+               if row.trainer != "ours" and row.budget == "steps")
+
+
+def test_a_peer_that_fails_is_a_row_that_says_why(tmp_path, monkeypatch):
+    failing = types.ModuleType("failing_peer")
+
+    def train(row, venv):
+        assert (row.variant, row.schedule, row.options, row.layers) == ("dflash2", "authors", {"dpace": True}, 2)
+        assert row.row_dir.is_dir() and row.steps == 60
+        raise PeerFailed("trainer exited 1: no CUDA")
+
+    failing.train = train
+    monkeypatch.setitem(sys.modules, "failing_peer", failing)
+    monkeypatch.setitem(peers.PEER_MODULES, "speculators", "failing_peer")
+    args = argparse.Namespace(**vars(ARGS), work=tmp_path)
+    row = peers.run_row("speculators-dflash2-dpace-authors", args, None, None, lambda: pytest.fail("not scored"))
+    assert row["failed"] == "PeerFailed: trainer exited 1: no CUDA"
+    assert (row["trainer"], row["variant"], row["dpace"], row["steps"]) == ("speculators", "dflash2", True, 60)
+    table = "\n".join(peers.steps_table({row["row"]: row}, args))
+    assert "| speculators-dflash2-dpace-authors | vLLM speculators 0.9.0 | dflash2 |" in table
+    assert "did not run: PeerFailed: trainer exited 1: no CUDA" in table
+
+
+def test_the_table_gives_ours_over_each_peer_with_the_paired_interval():
+    def row(name, trainer, variant, per_prompt):
+        tokens, cycles = sum(t for t, _ in per_prompt), sum(c for _, c in per_prompt)
+        return {"row": name, "trainer": trainer, "variant": variant, "budget": "steps", "schedule": "authors",
+                "dpace": None, "layers": 2, "steps": 60, "tau": tokens / cycles, "tau_ci95": [1.0, 2.0],
+                "per_prompt": per_prompt, "per_position": [0.1] * 4, "cpu_s_per_step": 1.0, "load_before": 0.0,
+                "load_after": 0.0}
+
+    ours = row("dflash2-steps", "ours", "dflash2", [(30, 20), (30, 24), (30, 15)])
+    theirs = row("nemo-dflash2-authors", "nemo_automodel", "dflash2", [(30, 25), (30, 25), (30, 25)])
+    table = peers.steps_table({"dflash2-steps": ours, "nemo-dflash2-authors": theirs}, ARGS)
+    nemo = next(line for line in table if line.startswith("| nemo-dflash2-authors"))
+    ratio = peers.paired_ratio(ours, theirs)
+    assert ratio[0] == pytest.approx((90 / 59) / (90 / 75))
+    assert f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]" in nemo
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_the_reference_decoder_agrees_with_our_replay(tiny_qwen3, variant, tmp_path):
+    drafter = random_drafter(tiny_qwen3, variant, block_size=4)
+    save_drafter(drafter, tmp_path / "drafter")
+    prompts = [Prompt(f"p{i}", "chat", ({"role": "user", "content": " ".join(f"w{(i * 5 + j) % 9}"
+                                                                             for j in range(i + 2))},))
+               for i in range(4)]
+    references = greedy_references(tiny_qwen3, prompts, SamplingParams(), 20, list(drafter.config.target_layer_ids))
+    judged = reference_score(tiny_qwen3, tmp_path / "drafter", references, prompts=4, max_new_tokens=20)
+    assert judged["greedy_mismatches"] == [] and judged["prompts"] == 4
+    replayed = replay_acceptance(tiny_qwen3, drafter, references)
+    assert judged["per_prompt"] == [tuple(p) for p in replayed.per_prompt]
