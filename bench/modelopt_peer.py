@@ -43,7 +43,17 @@ import math
 import time
 from pathlib import Path
 
-from bench.peer_run import ENGINES, OUR_SCHEDULE, PeerFailed, PeerRow, require_venv, run_measured, thread_environment
+from bench.peer_run import (
+    ENGINES,
+    OUR_SCHEDULE,
+    PeerFailed,
+    PeerRow,
+    finished_conversion,
+    require_venv,
+    run_measured,
+    tap_conversion_identity,
+    thread_environment,
+)
 
 DEFAULT_VENV = ENGINES / "modelopt"
 SETUP = "bench/setup/modelopt.sh"
@@ -69,13 +79,9 @@ def convert_data(store, out_dir: Path, tap_layer_ids: list[int]) -> dict:
     import torch
 
     marker = out_dir / "CONVERTED.json"
-    identity = {"source": str(store.root), "target_fingerprint": store.meta["target_fingerprint"],
-                "prompt_ids": len(store.meta["prompt_ids"]), "taps": list(tap_layer_ids)}
-    if marker.is_file():
-        done = json.loads(marker.read_text())
-        if {k: done.get(k) for k in identity} == identity:
-            return done
-        marker.unlink()
+    identity = tap_conversion_identity(store, tap_layer_ids)
+    if (done := finished_conversion(marker, identity)) is not None:
+        return done
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("sample-*.pt"):
         old.unlink()

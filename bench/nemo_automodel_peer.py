@@ -53,6 +53,7 @@ from bench.peer_run import (
     ROOT,
     PeerFailed,
     PeerRow,
+    finished_conversion,
     require_venv,
     run_measured,
     thread_environment,
@@ -160,10 +161,8 @@ def convert_data(store, out_dir: Path, target_dir: Path, venv: Path, threads: in
     identity = {"source": str(store.root), "target_fingerprint": store.meta["target_fingerprint"],
                 "prompt_ids": len(store.meta["prompt_ids"]), "target_dir": str(target_dir), "nemo": VERSION,
                 "format": "chat messages, last assistant turn supervised"}
-    if marker.is_file():
-        done = json.loads(marker.read_text())
-        if {k: done.get(k) for k in identity} == identity:
-            return done
+    if (done := finished_conversion(marker, identity)) is not None:
+        return done
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     prompts = {p.id: p for p in (load_prompts() if prompts is None else prompts)}

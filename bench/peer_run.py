@@ -18,6 +18,7 @@ or `ours` (OUR_SCHEDULE: our recipe's, so the trainers differ only in their impl
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -113,3 +114,22 @@ def require_venv(venv: Path, executable: str, setup: str) -> Path:
     if not path.exists():
         raise PeerFailed(f"not installed in {venv}: run `bash {setup} {venv}` (its own venv; torch CPU first)")
     return path
+
+
+def tap_conversion_identity(store, tap_layer_ids) -> dict:
+    """What a conversion of `store`'s examples with these taps depends on (a peer's CONVERTED.json keeps it)."""
+    return {"source": str(store.root), "target_fingerprint": store.meta["target_fingerprint"],
+            "prompt_ids": len(store.meta["prompt_ids"]), "taps": list(tap_layer_ids)}
+
+
+def finished_conversion(marker: Path, identity: dict) -> dict | None:
+    """The summary in `marker` (a peer's CONVERTED.json, written last by its conversion) when it converted the same
+    inputs as `identity` says, else None. A marker of other inputs is removed first: a conversion interrupted
+    after overwriting some samples must not pass later for the complete one the old marker describes."""
+    if not marker.is_file():
+        return None
+    done = json.loads(marker.read_text())
+    if {k: done.get(k) for k in identity} == identity:
+        return done
+    marker.unlink()
+    return None

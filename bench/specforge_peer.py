@@ -22,6 +22,8 @@ import math
 import os
 from pathlib import Path
 
+from bench.peer_run import finished_conversion, tap_conversion_identity
+
 DEFAULT_VENV = Path(__file__).resolve().parent.parent / ".engines" / "specforge"
 INSTALL = "bash bench/setup/specforge.sh"
 
@@ -55,12 +57,9 @@ def convert_data(store, out_dir: Path, tap_layer_ids: list[int]) -> dict:
     import torch
 
     marker = out_dir / "CONVERTED.json"
-    identity = {"source": str(store.root), "target_fingerprint": store.meta["target_fingerprint"],
-                "prompt_ids": len(store.meta["prompt_ids"]), "taps": list(tap_layer_ids)}
-    if marker.is_file():
-        done = json.loads(marker.read_text())
-        if {k: done.get(k) for k in identity} == identity:
-            return done
+    identity = tap_conversion_identity(store, tap_layer_ids)
+    if (done := finished_conversion(marker, identity)) is not None:
+        return done
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("sample-*.ckpt"):
         old.unlink()

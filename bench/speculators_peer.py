@@ -39,7 +39,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench.peer_run import OUR_SCHEDULE, PeerFailed, PeerRow, require_venv, run_measured, thread_environment
+from bench.peer_run import (
+    OUR_SCHEDULE,
+    PeerFailed,
+    PeerRow,
+    finished_conversion,
+    require_venv,
+    run_measured,
+    thread_environment,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VENV = ROOT / ".engines" / "speculators"
@@ -85,10 +93,8 @@ def convert_data(store, target, out_dir: Path, tap_layer_ids: list[int]) -> dict
     identity = {"format": DATA_FORMAT, "source": str(Path(store.root).resolve()),
                 "target_fingerprint": store.meta["target_fingerprint"], "prompt_ids": len(store.meta["prompt_ids"]),
                 "taps": list(tap_layer_ids)}
-    if marker.is_file():
-        done = json.loads(marker.read_text())
-        if {k: done.get(k) for k in identity} == identity:
-            return done
+    if (done := finished_conversion(marker, identity)) is not None:
+        return done
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)

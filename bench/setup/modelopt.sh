@@ -12,14 +12,8 @@
 # CUDA kernels and GPU queries and are never imported on this path.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-VENV=${1:-.engines/modelopt}
-PY=${PY:-python3.11}
-if [ -f "$VENV/.installed" ]; then
-    echo "ModelOpt venv ready: $VENV"; exit 0
-fi
-test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -q torch==2.13.0
+source bench/setup/peer_venv.sh
+peer_venv "ModelOpt" .engines/modelopt "${1:-}"
 "$VENV/bin/pip" install -q --no-deps nvidia-modelopt==0.47.0
 "$VENV/bin/pip" install -q transformers==5.14.1 tokenizers==0.22.2 huggingface-hub==1.33.0 accelerate==1.15.0 \
     safetensors==0.8.0 pydantic==2.14.4 pyyaml==6.0.4 numpy==2.4.6 tqdm==4.70.1 psutil==7.2.2 requests==2.34.2 \

@@ -12,14 +12,8 @@
 # pure-Python on this path). transformers 5.24.0, the version SpecForge's venv pins, runs its DFlash path.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-VENV=${1:-.engines/nemo_automodel}
-PY=${PY:-python3.11}
-if [ -f "$VENV/.installed" ]; then
-    echo "NeMo Automodel venv ready: $VENV"; exit 0
-fi
-test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -q torch==2.13.0
+source bench/setup/peer_venv.sh
+peer_venv "NeMo Automodel" .engines/nemo_automodel "${1:-}"
 "$VENV/bin/pip" install -q --no-deps nemo-automodel==0.7.0 torchao==0.18.0 torchdata==0.11.0
 "$VENV/bin/pip" install -q transformers==5.24.0 safetensors==0.8.0 pyyaml==6.0.4 numpy==2.4.6 tqdm==4.70.1 \
     huggingface-hub==2.4.0 pydantic==2.14.4 datasets==5.2.0 pyarrow==26.0.1 pandas==3.1.1 dill==0.4.1 \

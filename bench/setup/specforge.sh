@@ -8,14 +8,8 @@
 # --no-deps with only what its DFlash offline trainer and `specforge export` import, at versions that work.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-VENV=${1:-.engines/specforge}
-PY=${PY:-python3.11}
-if [ -f "$VENV/.installed" ]; then
-    echo "SpecForge venv ready: $VENV"; exit 0
-fi
-test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -q torch==2.13.0
+source bench/setup/peer_venv.sh
+peer_venv "SpecForge" .engines/specforge "${1:-}"
 "$VENV/bin/pip" install -q --no-deps specforge==0.2.0
 "$VENV/bin/pip" install -q transformers==5.24.0 accelerate==1.15.0 pydantic==2.14.4 pyyaml==6.0.4 \
     safetensors==0.8.0 numpy==2.4.6 tqdm==4.70.1 psutil==7.2.2 huggingface-hub==2.4.0 requests==2.34.2 \

@@ -10,14 +10,8 @@
 # and SpecForge's) trains and exports here. The run is bench/speculators_launch.py (CPU overrides).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-VENV=${1:-.engines/speculators}
-PY=${PY:-python3.11}
-if [ -f "$VENV/.installed" ]; then
-    echo "speculators venv ready: $VENV"; exit 0
-fi
-test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -q torch==2.13.0
+source bench/setup/peer_venv.sh
+peer_venv "speculators" .engines/speculators "${1:-}"
 "$VENV/bin/pip" install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
 "$VENV/bin/pip" install -q transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 tqdm==4.70.1 psutil==7.2.2 \
     huggingface-hub==2.4.0 requests==2.34.2 pyyaml==6.0.4 pydantic==2.14.4 pydantic-settings==2.16.3 \
