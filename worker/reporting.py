@@ -123,9 +123,14 @@ class StageReporter(HeartbeatedWork, JobRecords):
     def progress(self, stage: str, fraction: float, detail: str) -> None:
         percent = round(max(0.0, min(1.0, fraction)) * 100, 1)
         now = time.monotonic()
-        if percent == self._last_percent or (now - self._last_progress_at < FLUSH_SECONDS and 0 < percent < 100):
+        # Only mid-stage events are throttled against each other: the first one always shows, however fast the
+        # stage runs after its start event, so every stage that reports progress shows that it moved.
+        mid_stage = 0 < percent < 100
+        if percent == self._last_percent or (mid_stage and now - self._last_progress_at < FLUSH_SECONDS):
             return
-        self._last_percent, self._last_progress_at = percent, now
+        self._last_percent = percent
+        if mid_stage:
+            self._last_progress_at = now
         runs.record_event(self.session, self.job_id, f"{stage}: {detail}", stage=self.stage, progress=percent)
 
     def metrics(self, step: int, values: dict[str, float]) -> None:

@@ -45,9 +45,10 @@ def test_checkpoint_format(tiny_qwen3, variant, tmp_path):
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
-def test_reference_loads_and_computes_same_hidden_states(tiny_qwen3, variant, tmp_path, reference_dflash):
-    drafter = random_drafter(tiny_qwen3, variant, block_size=8)
+@pytest.mark.parametrize("variant,num_layers", [("dflash", 2), ("dflash2", 2), ("dflash", 3), ("dflash2", 3)])
+def test_reference_loads_and_computes_same_hidden_states(tiny_qwen3, variant, num_layers, tmp_path,
+                                                         reference_dflash):
+    drafter = random_drafter(tiny_qwen3, variant, block_size=8, num_layers=num_layers)
     save_drafter(drafter, tmp_path)
     reference = load_reference(reference_dflash, variant, tmp_path)
     assert reference.target_layer_ids == list(drafter.config.target_layer_ids)
@@ -64,7 +65,7 @@ def test_reference_loads_and_computes_same_hidden_states(tiny_qwen3, variant, tm
     noise = tiny_qwen3.embed(block_ids)
     positions = torch.arange(11, 19)[None]
     with torch.no_grad():
-        ours_hidden = drafter(noise, positions, context, torch.arange(11)[None], cache=DrafterCache(2))
+        ours_hidden = drafter(noise, positions, context, torch.arange(11)[None], cache=DrafterCache(num_layers))
         theirs_hidden = reference(target_hidden=context, noise_embedding=noise,
                                   position_ids=torch.arange(19)[None])
     torch.testing.assert_close(ours_hidden, theirs_hidden, rtol=1e-5, atol=1e-5)

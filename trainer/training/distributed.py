@@ -1,4 +1,5 @@
-"""The one place where distribution is applied: DeepSpeed ZeRO around a plain PyTorch module.
+"""The one place where distribution is applied: DeepSpeed ZeRO around a plain PyTorch module (a plain torch
+engine for an fp32 world of one: local_engine.py).
 
 The same code runs as one process (no launcher), as N CPU processes (gloo) or on N GPUs (nccl), under
 `torchrun` or `deepspeed`. The model and objective never know.
@@ -66,6 +67,18 @@ def deepspeed_config(zero_stage: int, micro_batch: int, grad_accum: int, grad_cl
 
 
 def wrap(model: torch.nn.Module, optimizer, scheduler, config: dict):
+    """The engine the loop steps: DeepSpeed's across processes or for bf16 weights (its fp32 master copy), a
+    plain torch one for an fp32 world of one, where ZeRO has nothing to shard and only adds copies."""
+    from trainer.training.local_engine import LocalEngine
+
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world == 1 and not config["bf16"]["enabled"]:
+        return LocalEngine(model, optimizer, scheduler, config["gradient_accumulation_steps"],
+                           config["gradient_clipping"])
+    return deepspeed_engine(model, optimizer, scheduler, config)
+
+
+def deepspeed_engine(model: torch.nn.Module, optimizer, scheduler, config: dict):
     """A DeepSpeed engine. The optimizer is passed in as a torch object, which avoids compiling FusedAdam."""
     import deepspeed
 

@@ -1,5 +1,6 @@
-"""The training loop: DeepSpeed around the distillation objective, metrics per step, checkpoints that
-resume bit for bit, and the trained drafter written in the reference format at the end."""
+"""The training loop: an engine (DeepSpeed's, or a plain one for an fp32 world of one: distributed.wrap) around
+the distillation objective, metrics per step, checkpoints that resume bit for bit, and the trained drafter
+written in the reference format at the end."""
 
 from __future__ import annotations
 
