@@ -165,6 +165,8 @@ def settings_for(row: PeerRow, *, shape: dict, data_dir: Path, max_length: int, 
         **{f"dflash.dflash_architecture_config.{k}": v for k, v in arch.items()},
         "dflash.dflash_loss_objective": "dpace" if row.options.get("dpace", True) else "decay",
     }
+    if row.dtype == "float32":  # no bfloat16 units on this CPU: its autocast off (bench/peer_run.py PEER_DTYPES)
+        settings["training.bf16"] = False
     if not final_hidden:  # no teacher signal in the data: distillation has no target, train on the tokens
         settings["dflash.dflash_self_logit_distillation"] = False
     if row.schedule == "ours":
@@ -189,7 +191,7 @@ NOT_ALIGNED = {
     "loss": "self-logit distillation (its default): cross-entropy against the target's full distribution at each "
             "position (from the target's final hidden state in our data), not against the regenerated token",
     "precision": "the target's float32 weights (dtype auto) for the drafter too, bfloat16 autocast (recipe bf16: "
-                 "true); ours the same; AdamW on float32 weights",
+                 "true; off in a --peer-dtype float32 row); ours the same; AdamW on float32 weights",
     "training_seq_len": "every sequence is padded to one length (ours: the data's longest, rounded up to the block; "
                         "the recipe's 4096 would cost ~17x per step for masked padding)",
     "optimizer_kind": "HF Trainer's default AdamW (adamw_torch_fused) in both schedules; ours: AdamW",

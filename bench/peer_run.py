@@ -82,6 +82,25 @@ class PeerRow:
     """Threads of the training process (OMP_NUM_THREADS)."""
     options: dict = field(default_factory=dict)
     """Peer-specific switches of the row, e.g. {"dpace": True}."""
+    dtype: str = "authors"
+    """The peer's training precision: `authors` (its published bfloat16 weights or autocast) or `float32`
+    (PEER_DTYPES)."""
+
+
+PEER_DTYPES = ("auto", "authors", "float32")
+"""`--peer-dtype`: `auto` is `authors` on a CPU with bfloat16 units and `float32` on one without, where bfloat16 is
+emulated at many times float32's cost (an AVX2 EPYC ran SpecForge's bfloat16 step in 130 s against 3.2 s on an
+AVX-512 bfloat16 one): the rule our own rows follow (trainer/training/objective.py `bf16_matmuls_pay_off`)."""
+
+
+def resolve_peer_dtype(choice: str) -> str:
+    if choice not in PEER_DTYPES:
+        raise ValueError(f"--peer-dtype {choice!r}: one of {', '.join(PEER_DTYPES)}")
+    if choice != "auto":
+        return choice
+    from trainer.training.objective import bf16_matmuls_pay_off
+
+    return "authors" if bf16_matmuls_pay_off("cpu") else "float32"
 
 
 def thread_environment(threads: int, **extra: str) -> dict:

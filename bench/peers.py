@@ -59,7 +59,7 @@ from bench.heldout import (
     uptime_load,
     work_lock,
 )
-from bench.peer_run import ENGINES, ROOT, PeerFailed, PeerRow, run_measured
+from bench.peer_run import ENGINES, PEER_DTYPES, ROOT, PeerFailed, PeerRow, resolve_peer_dtype, run_measured
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ def train_peer(name: str, row: Row, steps: int, args) -> tuple[Path, dict]:
         log=args.work / "logs" / f"{name}.log", taps=tuple(args.taps), layers=row.layers or args.layers,
         block_size=args.block_size, batch_size=args.batch_size, anchors=args.anchors,
         mask_token_id=args.mask_token_id, threads=args.threads,
-        options={} if row.dpace is None else {"dpace": row.dpace})
+        options={} if row.dpace is None else {"dpace": row.dpace}, dtype=args.peer_dtype)
     peer_row.row_dir.mkdir(parents=True)
     return module.train(peer_row, venv)
 
@@ -188,12 +188,13 @@ def train_specforge(name: str, steps: int, args, env: dict, target, store) -> tu
     row_dir = fresh_dir(args.work / "rows" / name)
     row_dir.mkdir(parents=True)
     draft_path = row_dir / "draft_config.json"
+    dtype = specforge_peer.PUBLISHED_DTYPE if args.peer_dtype == "authors" else args.peer_dtype
     draft_path.write_text(json.dumps(specforge_peer.draft_config(
-        drafter_config(target, "dflash", args, args.mask_token_id, args.layers)), indent=1))
+        drafter_config(target, "dflash", args, args.mask_token_id, args.layers), dtype), indent=1))
     config = specforge_peer.run_config(
         target_dir=args.target_dir, draft_config_path=draft_path, data_dir=args.work / "specforge-data",
         out_dir=row_dir / "run", samples=converted["samples"], steps=steps, batch_size=args.batch_size,
-        anchors=args.anchors, mask_token_id=args.mask_token_id, max_length=args.max_length)
+        anchors=args.anchors, mask_token_id=args.mask_token_id, max_length=args.max_length, dtype=dtype)
     config["training"].update(args.specforge_set)
     (row_dir / "run.yaml").write_text(yaml.safe_dump(config))
     log = args.work / "logs" / f"{name}.log"
@@ -226,6 +227,7 @@ def run_row(name: str, args, target, store, references) -> dict:
     record = {"row": name, "trainer": row.trainer, "variant": row.variant, "budget": row.budget,
               "schedule": row.schedule, "dpace": row.dpace, "layers": row.layers or args.layers, "steps": steps,
               "threads": args.threads, "git": git_revision(), "uncommitted": uncommitted(),
+              "peer_dtype": None if row.trainer == "ours" else args.peer_dtype,
               "aligned": {"taps": args.taps, "mask_token_id": args.mask_token_id, "block_size": args.block_size,
                           "layers": row.layers or args.layers, "batch_size": args.batch_size,
                           "anchors": args.anchors}}
@@ -318,7 +320,9 @@ def steps_table(rows: dict[str, dict], args) -> list[str]:
     for name, row in rows.items():
         if row["budget"] != "steps":
             continue
-        head = (f"| {name} | {TRAINER_NAMES.get(row['trainer'], row['trainer'])} | {row['variant']} | "
+        # A peer trained in float32 where its authors use bfloat16 says so (bench/peer_run.py PEER_DTYPES).
+        precision = " (float32)" if row.get("peer_dtype") == "float32" else ""
+        head = (f"| {name} | {TRAINER_NAMES.get(row['trainer'], row['trainer'])}{precision} | {row['variant']} | "
                 f"{row.get('schedule', 'authors')} | {'default' if row.get('dpace') is None else row['dpace']} | "
                 f"{row.get('layers', args.layers)} | {row['steps']} |")
         if "failed" in row:
@@ -387,6 +391,9 @@ def main() -> None:
     parser.add_argument("--anchors", type=int, default=recipe.ANCHORS_PER_SEQUENCE, help="Blocks per sequence.")
     parser.add_argument("--max-length", type=int, default=2048, help="SpecForge's data.max_length.")
     parser.add_argument("--threads", type=int, default=1, help="Threads of each training process.")
+    parser.add_argument("--peer-dtype", default="auto", choices=PEER_DTYPES,
+                        help="The peers' training precision (bench/peer_run.py PEER_DTYPES): auto is float32 on a CPU "
+                             "without bfloat16 units, where our rows are float32 too.")
     parser.add_argument("--references", type=Path, default=None, help="Held-out references folder to reuse "
                                                                        "(default WORK/references).")
     parser.add_argument("--reference-prompts", type=int, default=24, help="Held-out prompts the reference `dflash` "
@@ -421,6 +428,7 @@ def main() -> None:
     from trainer.targets.chat import choose_mask_token_id
 
     args.taps = [int(t) for t in args.taps.split(",")]
+    args.peer_dtype = resolve_peer_dtype(args.peer_dtype)
     args.specforge_set = {k: json.loads(v) for k, v in (item.split("=", 1)
                                                         for item in filter(None, args.specforge_set.split(";")))}
     args.target_dir = resolve_target_path(args.target)

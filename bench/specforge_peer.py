@@ -82,25 +82,26 @@ def convert_data(store, out_dir: Path, tap_layer_ids: list[int]) -> dict:
     return summary
 
 
-def draft_config(drafter_config) -> dict:
+def draft_config(drafter_config, dtype: str = PUBLISHED_DTYPE) -> dict:
     """SpecForge's DFlashDraftModel config (a Qwen3 config) for exactly our drafter's shape, taps and mask."""
     if drafter_config.variant != "dflash":
         raise ValueError("SpecForge trains DFlash only (no DFlash 2)")
     config = drafter_config.replace(target_fingerprint=None, draft_vocab_size=None,
                                     recommended_block_size=None).to_hf_dict()
     config.update(layer_types=["full_attention"] * drafter_config.num_layers, sliding_window=None,
-                  use_sliding_window=False, initializer_range=0.02, dtype=PUBLISHED_DTYPE)
+                  use_sliding_window=False, initializer_range=0.02, dtype=dtype)
     return config
 
 
 def run_config(*, target_dir: Path, draft_config_path: Path, data_dir: Path, out_dir: Path, samples: int,
-               steps: int, batch_size: int, anchors: int, mask_token_id: int, max_length: int) -> dict:
+               steps: int, batch_size: int, anchors: int, mask_token_id: int, max_length: int,
+               dtype: str = PUBLISHED_DTYPE) -> dict:
     """One offline, single-process CPU run: SpecForge's published DFlash recipe, with what bench/peers.py
     aligns (steps, batch, anchors, mask; block size, layers and taps through the draft config)."""
     epochs = math.ceil(steps * batch_size / samples) + 1  # max_steps ends the run, not the epochs
     return {
         "model": {"target_model_path": str(target_dir), "draft_model_config": str(draft_config_path),
-                  "torch_dtype": PUBLISHED_DTYPE, "mask_token_id": mask_token_id},
+                  "torch_dtype": dtype, "mask_token_id": mask_token_id},
         "data": {"hidden_states_path": str(data_dir), "max_length": max_length,
                  # In-process loading: worker processes would spend CPU outside the one training thread.
                  "dataloader_num_workers": 0},

@@ -197,7 +197,8 @@ def train_arguments(row: PeerRow, *, drafter_config, data_dir: Path, draft_confi
         "per_position_loss_weight": weighting,
         "loss_implementation": "eager",
         "draft_attn_impl": "sdpa",
-        "hidden_states_dtype": AUTHORS_RECIPE["hidden_states_dtype"],
+        # Its draft weights and autocast take this dtype; float32 where bfloat16 is emulated (PEER_DTYPES).
+        "hidden_states_dtype": "float32" if row.dtype == "float32" else AUTHORS_RECIPE["hidden_states_dtype"],
         "seed": AUTHORS_RECIPE["seed"],
         "num_workers": 0,
     }

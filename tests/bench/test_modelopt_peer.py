@@ -160,3 +160,13 @@ def test_the_drafter_shape_is_ours_for_a_llama_target(tmp_path):
 def test_without_its_venv_the_row_says_how_to_install_it(tmp_path):
     with pytest.raises(PeerFailed, match="bench/setup/modelopt.sh"):
         modelopt_peer.train(row(tmp_path), tmp_path / "no-venv")
+
+
+def test_a_float32_row_turns_its_bfloat16_autocast_off(tmp_path):
+    """On a CPU without bfloat16 units the bench trains peers in float32 (bench/peer_run.py PEER_DTYPES)."""
+    settings = modelopt_peer.settings_for(row(tmp_path, dtype="float32"), shape=SHAPE, data_dir=tmp_path,
+                                          max_length=64, final_hidden=True)
+    assert settings["training.bf16"] is False
+    authors = modelopt_peer.settings_for(row(tmp_path), shape=SHAPE, data_dir=tmp_path, max_length=64,
+                                         final_hidden=True)
+    assert "training.bf16" not in authors  # the packaged recipe's bf16: true stays

@@ -21,7 +21,8 @@ from trainer.drafter.checkpoint import save_drafter
 from trainer.validation.replay import greedy_references, replay_acceptance
 
 ARGS = argparse.Namespace(layers=2, steps=60, size_from="", tag="", threads=1, taps=[1, 14, 27], block_size=8,
-                          batch_size=16, anchors=12, mask_token_id=16, target_dir="/target", data=Path("/data"))
+                          batch_size=16, anchors=12, mask_token_id=16, target_dir="/target", data=Path("/data"),
+                          peer_dtype="authors")
 
 
 def test_a_peer_row_is_judged_against_ours_of_the_same_variant_and_depth():
@@ -83,3 +84,27 @@ def test_the_reference_decoder_agrees_with_our_replay(tiny_qwen3, variant, tmp_p
     assert judged["greedy_mismatches"] == [] and judged["prompts"] == 4
     replayed = replay_acceptance(tiny_qwen3, drafter, references)
     assert judged["per_prompt"] == [tuple(p) for p in replayed.per_prompt]
+
+
+def test_peer_precision_follows_the_cpu_and_a_float32_row_says_so(tmp_path, monkeypatch):
+    from bench import peer_run
+    from trainer.training import objective
+
+    monkeypatch.setattr(objective, "bf16_matmuls_pay_off", lambda device: False)
+    assert peer_run.resolve_peer_dtype("auto") == "float32"
+    monkeypatch.setattr(objective, "bf16_matmuls_pay_off", lambda device: True)
+    assert peer_run.resolve_peer_dtype("auto") == "authors"
+    assert peer_run.resolve_peer_dtype("float32") == "float32"
+    with pytest.raises(ValueError, match="--peer-dtype"):
+        peer_run.resolve_peer_dtype("fp8")
+
+    seen = {}
+    failing = types.ModuleType("failing_peer")
+    failing.train = lambda row, venv: (seen.setdefault("dtype", row.dtype), (_ for _ in ()).throw(PeerFailed("x")))
+    monkeypatch.setitem(sys.modules, "failing_peer", failing)
+    monkeypatch.setitem(peers.PEER_MODULES, "nemo_automodel", "failing_peer")
+    args = argparse.Namespace(**(vars(ARGS) | {"peer_dtype": "float32"}), work=tmp_path)
+    row = peers.run_row("nemo-dflash-authors", args, None, None, lambda: pytest.fail("not scored"))
+    assert seen["dtype"] == "float32" and row["peer_dtype"] == "float32"
+    assert "| nemo-dflash-authors | NeMo Automodel 0.7.0 (float32) | dflash |" in "\n".join(peers.steps_table(
+        {row["row"]: row}, args))

@@ -80,11 +80,11 @@ def _config(variant="dflash"):
                          target_layer_ids=(1, 14, 27), block_size=8, mask_token_id=16)
 
 
-def _row(tmp_path, variant="dflash", schedule="authors", options=None):
+def _row(tmp_path, variant="dflash", schedule="authors", options=None, dtype="authors"):
     return PeerRow(name="r", variant=variant, schedule=schedule, steps=120, target_dir=tmp_path / "t",
                    data_dir=tmp_path / "d", work=tmp_path, row_dir=tmp_path / "row", log=tmp_path / "log",
                    taps=(1, 14, 27), layers=2, block_size=8, batch_size=16, anchors=12, mask_token_id=16, threads=1,
-                   options=options or {})
+                   options=options or {}, dtype=dtype)
 
 
 def _flags(argv):
@@ -192,3 +192,10 @@ def test_launcher_is_plain_python_for_the_peer_venv():
     source = Path(speculators_peer.LAUNCHER).read_text()
     compile(source, str(speculators_peer.LAUNCHER), "exec")
     assert "from bench" not in source and "import trainer" not in source  # runs without the project
+
+
+def test_a_float32_row_trains_its_draft_in_float32(tmp_path):
+    """Its draft weights and autocast take --hidden-states-dtype: bfloat16 as published, float32 on a CPU without
+    bfloat16 units (bench/peer_run.py PEER_DTYPES)."""
+    assert _flags(_arguments(tmp_path)[0])["hidden-states-dtype"] == "bfloat16"
+    assert _flags(_arguments(tmp_path, dtype="float32")[0])["hidden-states-dtype"] == "float32"
