@@ -183,16 +183,17 @@ def train_peer(name: str, row: Row, steps: int, args) -> tuple[Path, dict]:
 def train_specforge(name: str, steps: int, args, env: dict, target, store) -> tuple[Path, dict]:
     import yaml
 
-    with work_lock(args.work / "specforge-data"):
-        converted = specforge_peer.convert_data(store, args.work / "specforge-data", args.taps)
+    dtype = specforge_peer.PUBLISHED_DTYPE if args.peer_dtype == "authors" else args.peer_dtype
+    data_dir = args.work / ("specforge-data" if dtype == specforge_peer.PUBLISHED_DTYPE else f"specforge-data-{dtype}")
+    with work_lock(data_dir):
+        converted = specforge_peer.convert_data(store, data_dir, args.taps, dtype)
     row_dir = fresh_dir(args.work / "rows" / name)
     row_dir.mkdir(parents=True)
     draft_path = row_dir / "draft_config.json"
-    dtype = specforge_peer.PUBLISHED_DTYPE if args.peer_dtype == "authors" else args.peer_dtype
     draft_path.write_text(json.dumps(specforge_peer.draft_config(
         drafter_config(target, "dflash", args, args.mask_token_id, args.layers), dtype), indent=1))
     config = specforge_peer.run_config(
-        target_dir=args.target_dir, draft_config_path=draft_path, data_dir=args.work / "specforge-data",
+        target_dir=args.target_dir, draft_config_path=draft_path, data_dir=data_dir,
         out_dir=row_dir / "run", samples=converted["samples"], steps=steps, batch_size=args.batch_size,
         anchors=args.anchors, mask_token_id=args.mask_token_id, max_length=args.max_length, dtype=dtype)
     config["training"].update(args.specforge_set)

@@ -50,14 +50,15 @@ def specforge_bin(venv: Path) -> Path:
     return exe
 
 
-def convert_data(store, out_dir: Path, tap_layer_ids: list[int]) -> dict:
-    """Write every example of `store` as a SpecForge offline sample (sample-NNNNNN.ckpt). Reuses a complete
-    earlier conversion of the same data and taps. Examples without two consecutive response tokens are left
-    out (SpecForge refuses them; they give our trainer no anchor either)."""
+def convert_data(store, out_dir: Path, tap_layer_ids: list[int], dtype: str = PUBLISHED_DTYPE) -> dict:
+    """Write every example of `store` as a SpecForge offline sample (sample-NNNNNN.ckpt), its taps in `dtype` (the
+    draft's: SpecForge feeds them to its `fc` as stored). Reuses a complete earlier conversion of the same data,
+    taps and dtype. Examples without two consecutive response tokens are left out (SpecForge refuses them; they
+    give our trainer no anchor either)."""
     import torch
 
     marker = out_dir / "CONVERTED.json"
-    identity = tap_conversion_identity(store, tap_layer_ids)
+    identity = tap_conversion_identity(store, tap_layer_ids) | {"dtype": dtype}
     if (done := finished_conversion(marker, identity)) is not None:
         return done
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -69,7 +70,7 @@ def convert_data(store, out_dir: Path, tap_layer_ids: list[int]) -> dict:
         if length - example.prompt_len < 2:
             skipped += 1
             continue
-        hidden = torch.zeros(length, example.hidden.shape[1], dtype=example.hidden.dtype)
+        hidden = torch.zeros(length, example.hidden.shape[1], dtype=getattr(torch, dtype))
         hidden[:example.hidden.shape[0]] = example.hidden
         sample = {"input_ids": torch.tensor(example.input_ids, dtype=torch.long),
                   "loss_mask": torch.tensor(example.loss_mask, dtype=torch.long),

@@ -6,6 +6,7 @@ drafter from the config; CI does not install it, so those checks are skipped the
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -52,6 +53,19 @@ def test_every_example_becomes_one_specforge_sample_with_our_taps(converted):
     # A second call reuses the conversion instead of writing it again.
     mtime = files[0].stat().st_mtime_ns
     assert specforge_peer.convert_data(store, out, [4, 1]) == summary and files[0].stat().st_mtime_ns == mtime
+
+
+def test_a_float32_run_gets_float32_taps_not_the_bfloat16_conversion(converted, tmp_path):
+    """SpecForge feeds stored taps to its `fc` as they are: a float32 draft (bench/peer_run.py PEER_DTYPES) needs
+    float32 samples, and a conversion in another dtype is never reused for it."""
+    _, store, out, summary = converted
+    copy = tmp_path / "specforge"
+    shutil.copytree(out, copy)
+    assert specforge_peer.convert_data(store, copy, [4, 1], "float32")["dtype"] == "float32"
+    example = next(e for e in store.examples(tap_layer_ids=[4, 1]) if len(e.input_ids) - e.prompt_len >= 2)
+    sample = torch.load(sorted(copy.glob("sample-*.ckpt"))[0], weights_only=True)
+    assert sample["hidden_states"].dtype == torch.float32
+    assert torch.equal(sample["hidden_states"][:len(example.input_ids) - 1], example.hidden.float())
 
 
 def test_draft_config_is_our_drafter_shape_taps_and_mask(converted):
