@@ -48,6 +48,7 @@ from bench.peer_run import (
     OUR_SCHEDULE,
     PeerFailed,
     PeerRow,
+    conversion_dir,
     finished_conversion,
     require_venv,
     run_measured,
@@ -73,13 +74,15 @@ AUTHORS_RECIPE = {
 }
 
 
-def convert_data(store, out_dir: Path, tap_layer_ids: list[int]) -> dict:
-    """Write every example of `store` as a ModelOpt offline sample (sample-NNNNNN.pt). Reuses a complete earlier
-    conversion of the same data and taps. Examples without two response tokens are left out (no anchor)."""
+def convert_data(store, out_dir: Path, tap_layer_ids: list[int], dtype: str | None = None) -> dict:
+    """Write every example of `store` as a ModelOpt offline sample (sample-NNNNNN.pt), its hidden states in `dtype`
+    (None: as stored; a float32 row needs float32, which its lm_head and fc take as they are). Reuses a complete
+    earlier conversion of the same data, taps and dtype. Examples without two response tokens are left out (no
+    anchor)."""
     import torch
 
     marker = out_dir / "CONVERTED.json"
-    identity = tap_conversion_identity(store, tap_layer_ids)
+    identity = tap_conversion_identity(store, tap_layer_ids) | ({"dtype": dtype} if dtype else {})
     if (done := finished_conversion(marker, identity)) is not None:
         return done
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -93,9 +96,10 @@ def convert_data(store, out_dir: Path, tap_layer_ids: list[int]) -> dict:
             continue
         if example.hidden is None:
             raise PeerFailed(f"{store.root} keeps no hidden states: ModelOpt trains offline from cached taps")
-        aux = torch.zeros(length, example.hidden.shape[1], dtype=example.hidden.dtype)
+        stored = getattr(torch, dtype) if dtype else example.hidden.dtype
+        aux = torch.zeros(length, example.hidden.shape[1], dtype=stored)
         aux[:example.hidden.shape[0]] = example.hidden
-        final = torch.zeros(length, example.hidden.shape[1] // len(tap_layer_ids), dtype=example.hidden.dtype)
+        final = torch.zeros(length, example.hidden.shape[1] // len(tap_layer_ids), dtype=stored)
         if example.teacher is not None and example.teacher.final_hidden.shape[0] == length - start:
             final[start - 1:length - 1] = example.teacher.final_hidden.to(final.dtype)
             with_final += 1
@@ -253,9 +257,10 @@ def train(row: PeerRow, venv: Path) -> tuple[Path, dict]:
     require_venv(venv, "bin/python", SETUP)
     if row.variant != "dflash":
         raise PeerFailed(f"ModelOpt {VERSION} trains DFlash only (no DFlash 2); row variant {row.variant!r}")
-    data_dir = row.work / "modelopt-data"
+    data_dir = conversion_dir(row.work, "modelopt", row.dtype)
     with work_lock(data_dir):
-        converted = convert_data(DataStore.open(row.data_dir), data_dir, list(row.taps))
+        converted = convert_data(DataStore.open(row.data_dir), data_dir, list(row.taps),
+                                 None if row.dtype == "authors" else row.dtype)
     shape = drafter_shape(row.target_dir, row)
     settings = settings_for(row, shape=shape, data_dir=data_dir, max_length=converted["max_length"],
                             final_hidden=converted["with_final_hidden"] == converted["samples"])

@@ -103,6 +103,12 @@ def resolve_peer_dtype(choice: str) -> str:
     return "authors" if bf16_matmuls_pay_off("cpu") else "float32"
 
 
+def conversion_dir(work: Path, peer: str, dtype: str) -> Path:
+    """A peer's converted data, shared by its rows of one precision: taps stored in `dtype` (`authors`: as our data
+    keeps them, bfloat16), because SpecForge and ModelOpt feed stored taps to the draft's `fc` as they are."""
+    return work / (f"{peer}-data" if dtype == "authors" else f"{peer}-data-{dtype}")
+
+
 def thread_environment(threads: int, **extra: str) -> dict:
     """A CPU-only, offline environment for a peer's process at `threads` threads (no distributed variables
     inherited from the bench's own environment)."""

@@ -59,7 +59,16 @@ from bench.heldout import (
     uptime_load,
     work_lock,
 )
-from bench.peer_run import ENGINES, PEER_DTYPES, ROOT, PeerFailed, PeerRow, resolve_peer_dtype, run_measured
+from bench.peer_run import (
+    ENGINES,
+    PEER_DTYPES,
+    ROOT,
+    PeerFailed,
+    PeerRow,
+    conversion_dir,
+    resolve_peer_dtype,
+    run_measured,
+)
 
 
 @dataclass(frozen=True)
@@ -184,7 +193,7 @@ def train_specforge(name: str, steps: int, args, env: dict, target, store) -> tu
     import yaml
 
     dtype = specforge_peer.PUBLISHED_DTYPE if args.peer_dtype == "authors" else args.peer_dtype
-    data_dir = args.work / ("specforge-data" if dtype == specforge_peer.PUBLISHED_DTYPE else f"specforge-data-{dtype}")
+    data_dir = conversion_dir(args.work, "specforge", args.peer_dtype)
     with work_lock(data_dir):
         converted = specforge_peer.convert_data(store, data_dir, args.taps, dtype)
     row_dir = fresh_dir(args.work / "rows" / name)

@@ -170,3 +170,18 @@ def test_a_float32_row_turns_its_bfloat16_autocast_off(tmp_path):
     authors = modelopt_peer.settings_for(row(tmp_path), shape=SHAPE, data_dir=tmp_path, max_length=64,
                                          final_hidden=True)
     assert "training.bf16" not in authors  # the packaged recipe's bf16: true stays
+
+
+def test_a_float32_conversion_is_its_own(tmp_path):
+    """Its lm_head and fc take the stored states as they are: a float32 row reads float32 samples, converted apart
+    from (never reusing) the bfloat16 ones (bench/peer_run.py conversion_dir)."""
+    from bench.peer_run import conversion_dir
+
+    store = FakeStore(tmp_path / "data", [example(0, 3, 4)])
+    assert conversion_dir(tmp_path, "modelopt", "float32") != conversion_dir(tmp_path, "modelopt", "authors")
+    out = tmp_path / "out"
+    modelopt_peer.convert_data(store, out, TAPS)
+    assert modelopt_peer.convert_data(store, out, TAPS, "float32")["dtype"] == "float32"
+    sample = torch.load(next(out.glob("sample-*.pt")), weights_only=True)
+    assert sample["aux_hidden_states"].dtype == sample["hidden_states"].dtype == torch.float32
+    assert store.reads == 2  # converted again, not the bfloat16 conversion reused
