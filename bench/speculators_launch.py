@@ -79,7 +79,27 @@ if os.environ.get("SPECULATORS_COSINE_MIN_LR_RATIO"):
 
     trainer_module.get_cosine_schedule_with_warmup = _cosine
 
-# 6. Observability only: every train/val metrics record also goes, as one JSON line, to $SPECULATORS_METRICS_JSONL
+# 6. Precision of Muon's orthogonalisation, only for float32 rows (bench.peer_run.PEER_DTYPES): torch.optim.Muon
+#    runs its Newton-Schulz iteration in bfloat16, which a CPU without bfloat16 units emulates (185 s of a
+#    232 s step on an AVX2 EPYC). The same quintic iteration, in float32.
+def _newton_schulz_float32(grad, ns_coefficients, ns_steps, eps):
+    a, b, c = ns_coefficients
+    wide = grad.size(0) > grad.size(1)
+    ortho = (grad.T if wide else grad).float()
+    ortho = ortho / ortho.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = ortho @ ortho.T
+        ortho = a * ortho + (b * gram + c * gram @ gram) @ ortho
+    return ortho.T if wide else ortho
+
+
+if os.environ.get("SPECULATORS_FLOAT32_MUON"):
+    import torch.optim._muon as muon_module
+
+    muon_module._zeropower_via_newtonschulz = _newton_schulz_float32
+
+
+# 7. Observability only: every train/val metrics record also goes, as one JSON line, to $SPECULATORS_METRICS_JSONL
 #    (its console logger pretty-prints dicts over several lines). Added after its own logging setup, which resets
 #    the metrics logger's handlers.
 class _JsonLines(logging.Handler):
@@ -104,5 +124,6 @@ if __name__ == "__main__":
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     print("speculators_launch: cpu device, cpu autocast, no-op synchronize, epochs trimmed to --max-steps;",
           "adamw betas", os.environ.get("SPECULATORS_ADAMW_BETAS", "its default"), "| cosine floor",
-          os.environ.get("SPECULATORS_COSINE_MIN_LR_RATIO", "its default"), flush=True)
+          os.environ.get("SPECULATORS_COSINE_MIN_LR_RATIO", "its default"), "| muon",
+          "float32" if os.environ.get("SPECULATORS_FLOAT32_MUON") else "its bfloat16", flush=True)
     cli_module.main(TrainConfig.resolve(sys.argv[1:]))

@@ -223,6 +223,9 @@ def train_arguments(row: PeerRow, *, drafter_config, data_dir: Path, draft_confi
         settings["cosine_min_lr_ratio (launcher)"] = OUR_SCHEDULE["min_lr_ratio"]
         env = {"SPECULATORS_ADAMW_BETAS": ",".join(str(b) for b in betas),
                "SPECULATORS_COSINE_MIN_LR_RATIO": str(OUR_SCHEDULE["min_lr_ratio"])}
+    if row.dtype == "float32":  # torch's Muon orthogonalises in bfloat16, emulated on this CPU (the launcher)
+        env["SPECULATORS_FLOAT32_MUON"] = "1"
+        settings["muon_newton_schulz (launcher)"] = "float32"
     if row.variant == "dflash2":
         settings.update(conv_kernel_size=drafter_config.conv_kernel_size,
                         conv_group_size=drafter_config.conv_group_size, selector_rank=drafter_config.selector_rank,

@@ -198,4 +198,7 @@ def test_a_float32_row_trains_its_draft_in_float32(tmp_path):
     """Its draft weights and autocast take --hidden-states-dtype: bfloat16 as published, float32 on a CPU without
     bfloat16 units (bench/peer_run.py PEER_DTYPES)."""
     assert _flags(_arguments(tmp_path)[0])["hidden-states-dtype"] == "bfloat16"
-    assert _flags(_arguments(tmp_path, dtype="float32")[0])["hidden-states-dtype"] == "float32"
+    argv, settings, env = _arguments(tmp_path, dtype="float32")
+    assert _flags(argv)["hidden-states-dtype"] == "float32"
+    # and its Muon orthogonalises in float32 too (the launcher's override; torch's runs in bfloat16)
+    assert env == {"SPECULATORS_FLOAT32_MUON": "1"} and settings["muon_newton_schulz (launcher)"] == "float32"
