@@ -49,6 +49,7 @@ from bench.peer_run import (
     PeerFailed,
     PeerRow,
     conversion_dir,
+    conversion_dtype,
     finished_conversion,
     require_venv,
     run_measured,
@@ -260,7 +261,7 @@ def train(row: PeerRow, venv: Path) -> tuple[Path, dict]:
     data_dir = conversion_dir(row.work, "modelopt", row.dtype)
     with work_lock(data_dir):
         converted = convert_data(DataStore.open(row.data_dir), data_dir, list(row.taps),
-                                 None if row.dtype == "authors" else row.dtype)
+                                 conversion_dtype(row.dtype))
     shape = drafter_shape(row.target_dir, row)
     settings = settings_for(row, shape=shape, data_dir=data_dir, max_length=converted["max_length"],
                             final_hidden=converted["with_final_hidden"] == converted["samples"])

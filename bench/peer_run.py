@@ -109,6 +109,12 @@ def conversion_dir(work: Path, peer: str, dtype: str) -> Path:
     return work / (f"{peer}-data" if dtype == "authors" else f"{peer}-data-{dtype}")
 
 
+def conversion_dtype(dtype: str, published: str | None = None) -> str | None:
+    """The dtype a row of precision `dtype` converts its taps to: the peer's `published` one for `authors` (None:
+    as our data keeps them), else `dtype` itself. One rule beside `conversion_dir`, which names where they go."""
+    return published if dtype == "authors" else dtype
+
+
 def thread_environment(threads: int, **extra: str) -> dict:
     """A CPU-only, offline environment for a peer's process at `threads` threads (no distributed variables
     inherited from the bench's own environment)."""

@@ -66,6 +66,7 @@ from bench.peer_run import (
     PeerFailed,
     PeerRow,
     conversion_dir,
+    conversion_dtype,
     resolve_peer_dtype,
     run_measured,
 )
@@ -192,7 +193,7 @@ def train_peer(name: str, row: Row, steps: int, args) -> tuple[Path, dict]:
 def train_specforge(name: str, steps: int, args, env: dict, target, store) -> tuple[Path, dict]:
     import yaml
 
-    dtype = specforge_peer.PUBLISHED_DTYPE if args.peer_dtype == "authors" else args.peer_dtype
+    dtype = conversion_dtype(args.peer_dtype, specforge_peer.PUBLISHED_DTYPE)
     data_dir = conversion_dir(args.work, "specforge", args.peer_dtype)
     with work_lock(data_dir):
         converted = specforge_peer.convert_data(store, data_dir, args.taps, dtype)

@@ -175,10 +175,12 @@ def test_a_float32_row_turns_its_bfloat16_autocast_off(tmp_path):
 def test_a_float32_conversion_is_its_own(tmp_path):
     """Its lm_head and fc take the stored states as they are: a float32 row reads float32 samples, converted apart
     from (never reusing) the bfloat16 ones (bench/peer_run.py conversion_dir)."""
-    from bench.peer_run import conversion_dir
+    from bench.peer_run import conversion_dir, conversion_dtype
 
     store = FakeStore(tmp_path / "data", [example(0, 3, 4)])
     assert conversion_dir(tmp_path, "modelopt", "float32") != conversion_dir(tmp_path, "modelopt", "authors")
+    assert (conversion_dtype("float32"), conversion_dtype("authors")) == ("float32", None)  # None: as stored
+    assert conversion_dtype("authors", "bfloat16") == "bfloat16"  # SpecForge's published dtype
     out = tmp_path / "out"
     modelopt_peer.convert_data(store, out, TAPS)
     assert modelopt_peer.convert_data(store, out, TAPS, "float32")["dtype"] == "float32"
