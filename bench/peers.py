@@ -101,6 +101,7 @@ ROWS = {
     "dflash-3l-steps": Row("ours", "dflash", layers=3),
     "dflash2-3l-steps": Row("ours", "dflash2", layers=3),
     "dflash-dpace-steps": Row("ours", "dflash", dpace=True),
+    "dflash-3l-dpace-steps": Row("ours", "dflash", layers=3, dpace=True),  # ModelOpt's objective at its depth
     "dflash2-dpace-steps": Row("ours", "dflash2", dpace=True),
     **{f"speculators-{variant}{'-dpace' if dpace else ''}-{schedule}":
        Row("speculators", variant, schedule=schedule, dpace=dpace)
