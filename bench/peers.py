@@ -125,6 +125,13 @@ def base_row(name: str, args) -> str | None:
     return f"{row.variant}-steps" if layers == args.layers else f"{row.variant}-{layers}l-steps"
 
 
+def dpace_base_row(name: str, args) -> str | None:
+    """Ours trained with D-PACE, of the same variant and depth, for a peer row trained with D-PACE (None
+    otherwise): the pair that asks whether the trainers differ once the objective is the same."""
+    row, base = ROWS[name.split("+")[0]], base_row(name, args)
+    return None if base is None or not row.dpace else base.replace("-steps", "-dpace-steps")
+
+
 def sizing_row(name: str, args) -> str:
     """The row whose CPU per step sizes an equal-CPU row: its own trainer's equal-steps row, or `--size-from` (a
     row of the same trainer measured on a quieter machine: CPU seconds per step rise with the load beside them)."""
@@ -326,9 +333,9 @@ def steps_table(rows: dict[str, dict], args) -> list[str]:
     """Every equal-steps row; a peer's judged against ours of the same variant and depth and against our DFlash 2."""
     out = ["**equal optimizer steps** (ours / this: the paired ratio of held-out tau; > 1 means ours accepts more)",
            "", "| row | trainer | variant | schedule | D-PACE | layers | steps | held-out tau, our replay [95% CI] | "
-           "ours (same variant) / this | our DFlash 2 / this | tau by the reference decoder [95% CI], mismatches | "
+           "ours (same variant) / this | ours with D-PACE / this | our DFlash 2 / this | tau by the reference decoder [95% CI], mismatches | "
            "ours / this, reference decoder | per-position acceptance | CPU s/step | load before-after |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         if row["budget"] != "steps":
             continue
@@ -338,15 +345,16 @@ def steps_table(rows: dict[str, dict], args) -> list[str]:
                 f"{row.get('schedule', 'authors')} | {'default' if row.get('dpace') is None else row['dpace']} | "
                 f"{row.get('layers', args.layers)} | {row['steps']} |")
         if "failed" in row:
-            out.append(f"{head} did not run: {row['failed'].splitlines()[0][:300]} | | | | | | | |")
+            out.append(f"{head} did not run: {row['failed'].splitlines()[0][:300]} | | | | | | | | |")
             continue
         base = rows.get(base_row(name, args) or "")
+        dpace_base = rows.get(dpace_base_row(name, args) or "")
         dflash2 = rows.get("dflash2-steps" if row.get("layers", args.layers) == args.layers else "dflash2-3l-steps")
         reference = row.get("reference")
         ref_cell = (f"{_tau_cell(reference)}, {len(reference['greedy_mismatches'])} of {reference['prompts']}"
                     if reference else "")
         positions = ", ".join(f"{a:.2f}" for a in row["per_position"][:4])
-        out.append(f"{head} {_tau_cell(row)} | {_ratio_cell(base, row)} | "
+        out.append(f"{head} {_tau_cell(row)} | {_ratio_cell(base, row)} | {_ratio_cell(dpace_base, row)} | "
                    f"{_ratio_cell(dflash2 if row['trainer'] != 'ours' else None, row)} | {ref_cell} | "
                    f"{_ratio_cell(base, row, 'reference')} | {positions} | {row['cpu_s_per_step']:.2f} | "
                    f"{row['load_before']:.1f}-{row['load_after']:.1f} |")

@@ -35,6 +35,16 @@ def test_a_peer_row_is_judged_against_ours_of_the_same_variant_and_depth():
                if row.trainer != "ours" and row.budget == "steps")
 
 
+def test_a_peer_trained_with_dpace_is_also_judged_against_ours_with_dpace():
+    assert peers.dpace_base_row("speculators-dflash2-dpace-ours", ARGS) == "dflash2-dpace-steps"
+    assert peers.dpace_base_row("modelopt-dflash-dpace-authors", ARGS) == "dflash-3l-dpace-steps"
+    assert peers.dpace_base_row("speculators-dflash-authors", ARGS) is None  # D-PACE off: no such pair
+    assert peers.dpace_base_row("nemo-dflash2-authors", ARGS) is None  # the trainer's default, which has none
+    assert peers.dpace_base_row("dflash2-dpace-steps", ARGS) is None  # ours are the bases, never paired
+    assert all(peers.dpace_base_row(name, ARGS) in peers.ROWS for name, row in peers.ROWS.items()
+               if row.trainer != "ours" and row.dpace)
+
+
 def test_a_peer_that_fails_is_a_row_that_says_why(tmp_path, monkeypatch):
     failing = types.ModuleType("failing_peer")
 
@@ -70,6 +80,16 @@ def test_the_table_gives_ours_over_each_peer_with_the_paired_interval():
     ratio = peers.paired_ratio(ours, theirs)
     assert ratio[0] == pytest.approx((90 / 59) / (90 / 75))
     assert f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]" in nemo
+    assert nemo.split(" | ")[9] == ""  # NeMo's row has no D-PACE, so no D-PACE pair
+
+    ours_dpace = row("dflash2-dpace-steps", "ours", "dflash2", [(30, 20), (30, 20), (30, 20)])
+    theirs_dpace = row("speculators-dflash2-dpace-authors", "speculators", "dflash2", [(30, 25), (30, 25), (30, 24)])
+    theirs_dpace["dpace"] = True
+    table = peers.steps_table({r["row"]: r for r in (ours, ours_dpace, theirs_dpace)}, ARGS)
+    line = next(line for line in table if line.startswith("| speculators-dflash2-dpace-authors")).split(" | ")
+    by_objective = peers.paired_ratio(ours_dpace, theirs_dpace)
+    assert line[9] == f"{by_objective[0]:.3f} [{by_objective[1]:.3f}, {by_objective[2]:.3f}]"
+    assert by_objective[0] == pytest.approx((90 / 60) / (90 / 74))
 
 
 @pytest.mark.parametrize("variant", ["dflash", "dflash2"])
