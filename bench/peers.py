@@ -86,6 +86,8 @@ class Row:
     """Drafter layers (None: --layers). A ModelOpt drafter taps one target layer per layer: 3 for 3 taps."""
     dpace: bool | None = None
     """D-PACE position weights on or off (None: the trainer's default)."""
+    full_vocab_loss: bool = False
+    """Ours only: cross-entropy over the whole vocabulary, as the peers train, not over our draft vocabulary."""
 
 
 PEER_MODULES = {"speculators": "bench.speculators_peer", "nemo_automodel": "bench.nemo_automodel_peer",
@@ -103,6 +105,7 @@ ROWS = {
     "dflash-dpace-steps": Row("ours", "dflash", dpace=True),
     "dflash-3l-dpace-steps": Row("ours", "dflash", layers=3, dpace=True),  # ModelOpt's objective at its depth
     "dflash2-dpace-steps": Row("ours", "dflash2", dpace=True),
+    "dflash2-dpace-fullvocab-steps": Row("ours", "dflash2", dpace=True, full_vocab_loss=True),  # the peers' loss
     **{f"speculators-{variant}{'-dpace' if dpace else ''}-{schedule}":
        Row("speculators", variant, schedule=schedule, dpace=dpace)
        for variant in ("dflash", "dflash2") for dpace in (True, False) for schedule in ("authors", "ours")},
@@ -174,6 +177,8 @@ def train_ours(name: str, row: Row, steps: int, args, env: dict) -> tuple[Path, 
                str(args.anchors), "--max-minutes", "100000", "--checkpoint-every", str(steps)]
     if row.dpace:
         command += ["--position-weighting", "dpace"]
+    if row.full_vocab_loss:
+        command.append("--full-vocab-loss")
     status, cpu, wall = run_measured(command, args.work / "logs" / f"{name}.log", env)
     if status:
         raise PeerFailed(f"draftsmith train exited {status}; see {args.work / 'logs' / f'{name}.log'}")
@@ -244,7 +249,8 @@ def run_row(name: str, args, target, store, references) -> dict:
         name = f"{name}+{args.tag}"
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     record = {"row": name, "trainer": row.trainer, "variant": row.variant, "budget": row.budget,
-              "schedule": row.schedule, "dpace": row.dpace, "layers": row.layers or args.layers, "steps": steps,
+              "schedule": row.schedule, "dpace": row.dpace, "full_vocab_loss": row.full_vocab_loss,
+              "layers": row.layers or args.layers, "steps": steps,
               "threads": args.threads, "git": git_revision(), "uncommitted": uncommitted(),
               "peer_dtype": None if row.trainer == "ours" else args.peer_dtype,
               "aligned": {"taps": args.taps, "mask_token_id": args.mask_token_id, "block_size": args.block_size,

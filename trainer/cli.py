@@ -249,6 +249,9 @@ def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, ta
               default=train_default("position_weighting"), show_default=True, help="dpace = D-PACE.")
 @click.option("--dpace-alpha", default=train_default("dpace_alpha"), show_default=True)
 @click.option("--acceptance-loss-weight", default=train_default("acceptance_loss_weight"), show_default=True)
+@click.option("--draft-vocab-loss/--full-vocab-loss", "train_on_draft_vocab",
+              default=train_default("train_on_draft_vocab"), show_default=True,
+              help="Cross-entropy over the draft vocabulary (half a CPU step's cost) or over the target's whole one.")
 @click.option("--checkpoint-every", default=train_default("checkpoint_every"), show_default=True)
 @click.option("--init", type=click.Choice(["target", "random"]), default=train_default("init"), show_default=True)
 @click.option("--seed", default=recipe.SEED, show_default=True)

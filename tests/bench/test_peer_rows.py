@@ -15,6 +15,7 @@ from drafters import random_drafter
 from bench import peers
 from bench.peer_run import PeerFailed
 from bench.reference_decode import reference_score
+from schemas import recipe
 from schemas.sampling import SamplingParams
 from trainer.data.prompts import Prompt
 from trainer.drafter.checkpoint import save_drafter
@@ -128,3 +129,23 @@ def test_peer_precision_follows_the_cpu_and_a_float32_row_says_so(tmp_path, monk
     assert seen["dtype"] == "float32" and row["peer_dtype"] == "float32"
     assert "| nemo-dflash-authors | NeMo Automodel 0.7.0 (float32) | dflash |" in "\n".join(peers.steps_table(
         {row["row"]: row}, args))
+
+
+def test_our_full_vocabulary_row_trains_with_the_peers_loss(tmp_path, monkeypatch):
+    from trainer.cli import train
+
+    seen = {}
+
+    def run_measured(command, log, env):
+        seen["command"] = command
+        return 1, 0.0, 0.0  # exits 1: the row records why, nothing trains
+
+    monkeypatch.setattr(peers, "run_measured", run_measured)
+    args = argparse.Namespace(**vars(ARGS), work=tmp_path)
+    row = peers.run_row("dflash2-dpace-fullvocab-steps", args, None, None, lambda: pytest.fail("not scored"))
+    assert row["full_vocab_loss"] is True and row["failed"].startswith("PeerFailed: draftsmith train exited 1")
+    command = seen["command"]
+    params = train.make_context("train", command[command.index("train") + 1:]).params
+    assert params["train_on_draft_vocab"] is False and params["position_weighting"] == "dpace"
+    plain = train.make_context("train", ["--target", "t", "--data", "d", "--out", "o"]).params
+    assert plain["train_on_draft_vocab"] is recipe.TRAIN_ON_DRAFT_VOCAB  # without the flag: the recipe's loss
