@@ -179,6 +179,8 @@ def train_ours(name: str, row: Row, steps: int, args, env: dict) -> tuple[Path, 
         command += ["--position-weighting", "dpace"]
     if row.full_vocab_loss:
         command.append("--full-vocab-loss")
+    if args.seed is not None:
+        command += ["--seed", str(args.seed)]
     status, cpu, wall = run_measured(command, args.work / "logs" / f"{name}.log", env)
     if status:
         raise PeerFailed(f"draftsmith train exited {status}; see {args.work / 'logs' / f'{name}.log'}")
@@ -430,6 +432,8 @@ def main() -> None:
                                                             "'learning_rate=2e-3;warmup_ratio=0.5' (JSON values).")
     parser.add_argument("--size-from", default="", help="The row whose CPU seconds per step size the equal-CPU "
                         "rows (default: each trainer's own equal-steps row).")
+    parser.add_argument("--seed", type=int, default=None, help="Our rows' training seed (default: the recipe's); "
+                        "with --tag, a second seed of a row of ours, to size the spread between seeds.")
     parser.add_argument("--tag", default="", help="Record the rows as NAME+TAG (a variant; the plain rows stay).")
     parser.add_argument("--full-vocab", action="store_true", help="Also score our drafters drafting over the full "
                                                                    "vocabulary, as SpecForge's does (a second replay).")

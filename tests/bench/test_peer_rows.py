@@ -21,7 +21,7 @@ from trainer.data.prompts import Prompt
 from trainer.drafter.checkpoint import save_drafter
 from trainer.validation.replay import greedy_references, replay_acceptance
 
-ARGS = argparse.Namespace(layers=2, steps=60, size_from="", tag="", threads=1, taps=[1, 14, 27], block_size=8,
+ARGS = argparse.Namespace(layers=2, steps=60, size_from="", tag="", seed=None, threads=1, taps=[1, 14, 27], block_size=8,
                           batch_size=16, anchors=12, mask_token_id=16, target_dir="/target", data=Path("/data"),
                           peer_dtype="authors")
 
@@ -141,11 +141,12 @@ def test_our_full_vocabulary_row_trains_with_the_peers_loss(tmp_path, monkeypatc
         return 1, 0.0, 0.0  # exits 1: the row records why, nothing trains
 
     monkeypatch.setattr(peers, "run_measured", run_measured)
-    args = argparse.Namespace(**vars(ARGS), work=tmp_path)
+    args = argparse.Namespace(**(vars(ARGS) | {"seed": 3}), work=tmp_path)
     row = peers.run_row("dflash2-dpace-fullvocab-steps", args, None, None, lambda: pytest.fail("not scored"))
     assert row["full_vocab_loss"] is True and row["failed"].startswith("PeerFailed: draftsmith train exited 1")
     command = seen["command"]
     params = train.make_context("train", command[command.index("train") + 1:]).params
     assert params["train_on_draft_vocab"] is False and params["position_weighting"] == "dpace"
+    assert params["seed"] == 3  # --seed: a second seed of a row of ours
     plain = train.make_context("train", ["--target", "t", "--data", "d", "--out", "o"]).params
     assert plain["train_on_draft_vocab"] is recipe.TRAIN_ON_DRAFT_VOCAB  # without the flag: the recipe's loss
