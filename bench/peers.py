@@ -118,21 +118,16 @@ BUDGET_ROW = "dflash2-steps"
 """The equal-CPU budget: the CPU seconds of our DFlash 2 at --steps (it is its own equal-CPU row)."""
 
 
-def base_row(name: str, args) -> str | None:
+def base_row(name: str, args, dpace: bool = False) -> str | None:
     """Our equal-steps row a row is judged against: ours of the same variant and drafter depth (None for our
-    own rows and SpecForge's equal-CPU ones, tabled as before)."""
+    own rows and SpecForge's equal-CPU ones, tabled as before). With `dpace`, ours trained with D-PACE, and only
+    for a peer row trained with D-PACE: the pair that asks whether the trainers differ at the same objective."""
     row = ROWS[name.split("+")[0]]
-    if row.trainer == "ours" or row.budget != "steps":
+    if row.trainer == "ours" or row.budget != "steps" or (dpace and not row.dpace):
         return None
     layers = row.layers or args.layers
-    return f"{row.variant}-steps" if layers == args.layers else f"{row.variant}-{layers}l-steps"
-
-
-def dpace_base_row(name: str, args) -> str | None:
-    """Ours trained with D-PACE, of the same variant and depth, for a peer row trained with D-PACE (None
-    otherwise): the pair that asks whether the trainers differ once the objective is the same."""
-    row, base = ROWS[name.split("+")[0]], base_row(name, args)
-    return None if base is None or not row.dpace else base.replace("-steps", "-dpace-steps")
+    depth = "" if layers == args.layers else f"-{layers}l"
+    return f"{row.variant}{depth}{'-dpace' if dpace else ''}-steps"
 
 
 def sizing_row(name: str, args) -> str:
@@ -356,7 +351,7 @@ def steps_table(rows: dict[str, dict], args) -> list[str]:
             out.append(f"{head} did not run: {row['failed'].splitlines()[0][:300]} | | | | | | | | |")
             continue
         base = rows.get(base_row(name, args) or "")
-        dpace_base = rows.get(dpace_base_row(name, args) or "")
+        dpace_base = rows.get(base_row(name, args, dpace=True) or "")
         dflash2 = rows.get("dflash2-steps" if row.get("layers", args.layers) == args.layers else "dflash2-3l-steps")
         reference = row.get("reference")
         ref_cell = (f"{_tau_cell(reference)}, {len(reference['greedy_mismatches'])} of {reference['prompts']}"

@@ -37,12 +37,12 @@ def test_a_peer_row_is_judged_against_ours_of_the_same_variant_and_depth():
 
 
 def test_a_peer_trained_with_dpace_is_also_judged_against_ours_with_dpace():
-    assert peers.dpace_base_row("speculators-dflash2-dpace-ours", ARGS) == "dflash2-dpace-steps"
-    assert peers.dpace_base_row("modelopt-dflash-dpace-authors", ARGS) == "dflash-3l-dpace-steps"
-    assert peers.dpace_base_row("speculators-dflash-authors", ARGS) is None  # D-PACE off: no such pair
-    assert peers.dpace_base_row("nemo-dflash2-authors", ARGS) is None  # the trainer's default, which has none
-    assert peers.dpace_base_row("dflash2-dpace-steps", ARGS) is None  # ours are the bases, never paired
-    assert all(peers.dpace_base_row(name, ARGS) in peers.ROWS for name, row in peers.ROWS.items()
+    assert peers.base_row("speculators-dflash2-dpace-ours", ARGS, dpace=True) == "dflash2-dpace-steps"
+    assert peers.base_row("modelopt-dflash-dpace-authors", ARGS, dpace=True) == "dflash-3l-dpace-steps"
+    assert peers.base_row("speculators-dflash-authors", ARGS, dpace=True) is None  # D-PACE off: no such pair
+    assert peers.base_row("nemo-dflash2-authors", ARGS, dpace=True) is None  # the trainer's default, which has none
+    assert peers.base_row("dflash2-dpace-steps", ARGS, dpace=True) is None  # ours are the bases, never paired
+    assert all(peers.base_row(name, ARGS, dpace=True) in peers.ROWS for name, row in peers.ROWS.items()
                if row.trainer != "ours" and row.dpace)
 
 
