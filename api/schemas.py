@@ -51,6 +51,9 @@ class JobOut(BaseModel):
     id: str
     object: Literal["job"] = "job"
     status: JobStatusName
+    status_text: str = Field(description="The status in words, as the CLI and the dashboard show it: "
+                             "`waiting` reads \"waiting for a worker\" (its worker went quiet and it was queued "
+                             "again); every other status reads as its name.")
     stage: str | None = Field(description="The stage running now, or the last one that ran.")
     stage_progress: float | None = Field(description="Percent complete of `stage`, when the worker reports it.")
     name: str | None

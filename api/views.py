@@ -28,6 +28,7 @@ from domain.drafters import drafter_chain, publications_by_job
 from domain.job_reads import job_children
 from domain.jobs import load_stored_spec, load_stored_spec_text
 from domain.models import Audit, Drafter
+from domain.statuses import job_status_text
 from schemas.job_spec import JobSpec
 
 
@@ -47,6 +48,7 @@ def jobs_to_out(db: Session | Connection, jobs: list[Any]) -> list[JobOut]:
         bodies.append({
             "id": job.id,
             "status": job.status,
+            "status_text": job_status_text(job.status),
             "stage": job.stage,
             "stage_progress": current["progress"] if current else None,
             "name": job.name,

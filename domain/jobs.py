@@ -302,8 +302,10 @@ def cancel_job(session: Session, org_id: str, job_id: str) -> Job:
         status = JobStatus(job.status)
         if not _job_cancel_is_noop(job_id, status):  # another request may have cancelled it while we waited
             job.cancel_requested_at = utcnow()
-            # Nothing runs a queued job yet, so it ends at once; a running one waits for the worker's acknowledgement.
-            transition(session, job, JobStatus.CANCELLED if status is JobStatus.QUEUED else JobStatus.CANCELLING,
+            # Nothing runs a queued or waiting job, so it ends at once; a running one waits for the worker's
+            # acknowledgement.
+            idle = status in (JobStatus.QUEUED, JobStatus.WAITING)
+            transition(session, job, JobStatus.CANCELLED if idle else JobStatus.CANCELLING,
                        reason="cancellation requested")
         session.commit()
         return job
@@ -332,12 +334,12 @@ def resume_job(
     session: Session, settings: Settings, queue: RecordingQueue | CeleryQueue, org_id: str, job_id: str
 ) -> Job:
     job = get_job_for_org(session, org_id, job_id, lock=True)
-    if job.status == JobStatus.QUEUED:
+    if job.status in (JobStatus.QUEUED, JobStatus.WAITING):
         return _requeue(session, queue, job)
     if job.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
         raise InvalidTransition(
-            f"job {job.id} is {job.status}; only failed or cancelled jobs (or a job queued with no sign of a "
-            f"worker for {QUEUED_PRESUMED_LOST_SECONDS} s) can be resumed",
+            f"job {job.id} is {job.status}; only failed or cancelled jobs (or a job queued or waiting with no sign "
+            f"of a worker for {QUEUED_PRESUMED_LOST_SECONDS} s) can be resumed",
             extra={"job_status": job.status},
         )
     org, active = lock_org_and_count_active(session, org_id)
@@ -359,12 +361,12 @@ def resume_job(
 
 
 def _requeue(session: Session, queue: RecordingQueue | CeleryQueue, job: Job) -> Job:
-    """Send a queued job's message again when it looks lost. The status stays `queued` (no transition: the job
+    """Send a queued or waiting job's message again when it looks lost. The status stays (no transition: the job
     already holds its place in the organisation's limit and was admitted against its quota once)."""
     idle = (utcnow() - job.updated_at).total_seconds()
     if idle < QUEUED_PRESUMED_LOST_SECONDS:
         raise InvalidTransition(
-            f"job {job.id} is queued and was last touched {idle:.0f} s ago; it is waiting for a worker. If no "
+            f"job {job.id} is {job.status} and was last touched {idle:.0f} s ago; it is waiting for a worker. If no "
             f"worker has started it after {QUEUED_PRESUMED_LOST_SECONDS} s its message is presumed lost and "
             "resume sends it again; until then, wait (or cancel it)",
             retry_after_seconds=int(QUEUED_PRESUMED_LOST_SECONDS - idle) + 1, extra={"job_status": job.status},
@@ -372,7 +374,7 @@ def _requeue(session: Session, queue: RecordingQueue | CeleryQueue, job: Job) ->
     resume_at = next_stage(session, job.id)
     job.resume_count += 1
     append_event(
-        session, job, "job.resumed", f"queued for {idle:.0f} s with no worker: message sent again; continues at "
+        session, job, "job.resumed", f"{job.status} for {idle:.0f} s with no worker: message sent again; continues at "
         f"stage {resume_at}", stage=str(resume_at) if resume_at else None,
         data={"resume_stage": str(resume_at) if resume_at else None, "requeued": True, "idle_seconds": round(idle)},
     )

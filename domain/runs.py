@@ -63,6 +63,7 @@ from domain.events import append_event
 from domain.jobs import load_stored_spec, next_stage
 from domain.models import Artifact, Job, MetricPoint, Publication, StageRun, utcnow
 from domain.states import RUNNING_STATUSES, STAGE_ORDER, STATUS_OF_STAGE, JobStatus, Stage, transition
+from domain.statuses import job_status_text
 from domain.storage import LocalStorage, S3Storage, check_key
 
 __all__ = [
@@ -362,7 +363,9 @@ def take_over_stale_jobs(session: Session, stale_after_seconds: float) -> list[t
 
     Each is claimed with a conditional update (the quiet attempt becomes `abandoned`, or the idle job's
     updated_at moves to now), so of several workers looking at once exactly one gets it, and the stage is
-    free to claim again. Returns (job_id, stage to run) to re-enqueue."""
+    free to claim again. A running job becomes `waiting` (for a worker): it is re-queued once, and neither pass
+    looks at it again while it waits, however long the workers stay busy (its message is in the queue; a lost one
+    is sent again by resume). Returns (job_id, stage to run) to re-enqueue."""
     cutoff = utcnow() - timedelta(seconds=stale_after_seconds)
     taken: list[tuple[str, Stage]] = []
     stale_runs = session.execute(
@@ -379,8 +382,7 @@ def take_over_stale_jobs(session: Session, stale_after_seconds: float) -> list[t
             .execution_options(synchronize_session=False)
         ).rowcount
         if claimed:  # the job's clock restarts too, so the idle-job pass below leaves it to this hand-over
-            session.execute(update(Job).where(Job.id == job_id).values(updated_at=utcnow(), version=Job.version + 1)
-                            .execution_options(synchronize_session=False))
+            _wait_for_worker(session, job_id, f"its worker went quiet in stage {stage}")
             taken.append((job_id, Stage(stage)))
         session.commit()
     running = session.scalars(select(StageRun.job_id).where(StageRun.status == "running"))
@@ -393,10 +395,22 @@ def take_over_stale_jobs(session: Session, stale_after_seconds: float) -> list[t
             update(Job).where(Job.id == job_id, Job.updated_at < cutoff)
             .values(updated_at=utcnow(), version=Job.version + 1).execution_options(synchronize_session=False)
         ).rowcount
+        if claimed:
+            _wait_for_worker(session, job_id, f"no worker took it up for {stale_after_seconds:g} s")
         session.commit()
         if claimed and (resume := next_stage(session, job_id)) is not None:
             taken.append((job_id, resume))
     return taken
+
+
+def _wait_for_worker(session: Session, job_id: str, why: str) -> None:
+    """The reaper's claimed job: a running one becomes `waiting`; a cancelling one stays so (the next worker
+    acknowledges the cancel), with its clock restarted. In the caller's transaction."""
+    job = _locked_job(session, job_id)
+    if job.status in RUNNING_STATUSES:
+        transition(session, job, JobStatus.WAITING, reason=f"{why}; {job_status_text(JobStatus.WAITING)}")
+    else:
+        job.updated_at = utcnow()
 
 
 def record_publication(session: Session, job_id: str, *, kind: str, location: str, revision: str | None,

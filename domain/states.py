@@ -4,6 +4,8 @@
     any non-terminal state → failed            (error code, message, failing stage)
     a running state → cancelling → cancelled   (the worker acknowledges at a safe point)
     queued → cancelled                          (nothing runs yet, so nothing to wait for)
+    a running state → waiting                   (its worker went quiet: re-queued once, for the next free worker)
+    waiting → any running state | failed | cancelled   (a worker resumes it; or, nothing running, cancel at once)
     failed | cancelled → queued                 (resume: restarts at the first unfinished stage)
 
 `TRANSITIONS` is the whole table and `transition()` the only function that writes `Job.status`.
@@ -52,11 +54,13 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     # From queued a (resumed) job may start at any stage: the stage runner checks it is the right one.
     JobStatus.QUEUED: frozenset(RUNNING_STATUSES | {JobStatus.CANCELLED, JobStatus.FAILED}),
     **{
-        status: frozenset(_running_successor(status) | {JobStatus.FAILED, JobStatus.CANCELLING})
+        status: frozenset(_running_successor(status) | {JobStatus.FAILED, JobStatus.CANCELLING, JobStatus.WAITING})
         for status in RUNNING_STATUSES
     },
     # Whatever the worker reports while cancellation is pending (stage done, stage failed), the job
     # ends cancelled: that is what the user asked for, and the stage's own outcome stays on its run.
+    # A waiting job resumes at the stage its worker left (the stage runner checks it is the right one).
+    JobStatus.WAITING: frozenset(RUNNING_STATUSES | {JobStatus.CANCELLED, JobStatus.FAILED}),
     JobStatus.CANCELLING: frozenset({JobStatus.CANCELLED}),
     JobStatus.FAILED: frozenset({JobStatus.QUEUED}),
     JobStatus.CANCELLED: frozenset({JobStatus.QUEUED}),
@@ -85,6 +89,7 @@ def transition(session: Session, job: Job, target: JobStatus, *, reason: str | N
             extra={"job_status": str(current)},
         )
     now = utcnow()
+    previous_stage = job.stage
     job.status = str(target)
     job.updated_at = now
     if target in RUNNING_STATUSES:
@@ -107,7 +112,8 @@ def transition(session: Session, job: Job, target: JobStatus, *, reason: str | N
     )
     if current is JobStatus.QUEUED and target in RUNNING_STATUSES:
         enqueue_job_webhooks(session, job, "job.started")
-    if target in RUNNING_STATUSES:
+    # A waiting job resumed at the stage it was in has not changed stage: subscribers heard of that stage already.
+    if target in RUNNING_STATUSES and not (current is JobStatus.WAITING and job.stage == previous_stage):
         enqueue_job_webhooks(session, job, "job.stage_changed", extra={"previous_status": str(current)})
     if target in _TERMINAL_WEBHOOK:
         enqueue_job_webhooks(session, job, _TERMINAL_WEBHOOK[target])

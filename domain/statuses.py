@@ -20,10 +20,21 @@ class JobStatus(StrEnum):
     VALIDATING = "validating"
     EXPORTING = "exporting"
     PUBLISHING = "publishing"
+    WAITING = "waiting"
+    """Its worker went quiet mid-stage: the reaper re-queued it once, and it waits for a free worker to resume it."""
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
+
+
+JOB_STATUS_TEXT: dict[JobStatus, str] = {JobStatus.WAITING: "waiting for a worker"}
+"""A status in words where its name alone says too little: the API's `status_text` (what the CLI and the dashboard
+show); every other status reads as its name."""
+
+
+def job_status_text(status: str) -> str:
+    return JOB_STATUS_TEXT.get(JobStatus(status), status)
 
 
 class AuditStatus(StrEnum):

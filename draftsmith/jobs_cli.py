@@ -75,7 +75,9 @@ def jobs(url, api_key, statuses, labels, limit, as_json) -> None:
 def _row(job: dict) -> tuple[str, ...]:
     progress = job.get("stage_progress")
     error = (job.get("error") or {}).get("code")
-    return (job["id"], job["status"] + (f" ({error})" if error else ""), job.get("stage") or "-",
+    # The server's words for the status ("waiting for a worker"), where it sends them.
+    status = job.get("status_text") or job["status"]
+    return (job["id"], status + (f" ({error})" if error else ""), job.get("stage") or "-",
             "-" if progress is None else f"{progress:.0f}%", job["created_at"][:19].replace("T", " "),
             job.get("name") or "")
 
@@ -109,7 +111,7 @@ def _not_finished(job: dict, directory: Path) -> str:
     code = (job.get("error") or {}).get("code")
     percent = [f"{progress:.0f}%"] if isinstance(progress, int | float) else []
     where = ", ".join(([f"stage {stage}"] if stage else []) + percent + ([f"error {code}"] if code else []))
-    state = {"failed": "failed", "cancelled": "was cancelled"}.get(status, f"is {status}")
+    state = {"failed": "failed", "cancelled": "was cancelled"}.get(status, f"is {job.get('status_text') or status}")
     resume = f"`draftsmith resume {job_id} --download {directory}` runs it on from its last finished stage"
     if status in ("failed", "cancelled"):
         advice = f"it made nothing to download; {resume} and downloads what it makes"

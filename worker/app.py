@@ -133,8 +133,9 @@ class Reaper(threading.Thread):
             try:
                 with factory() as session:
                     for job_id, stage in runs.take_over_stale_jobs(session, settings.worker_stale_after_seconds):
-                        runs.record_event(session, job_id, f"the worker running {stage} went quiet; the job is "
-                                            "queued again and resumes from its last checkpoint", level="warning")
+                        runs.record_event(session, job_id, f"the worker running {stage} went quiet; the job "
+                                            "waits for a free worker and resumes from its last checkpoint",
+                                            level="warning")
                         send_run_job(job_id, stage)
                     from domain.audits import take_over_stale_audits
 

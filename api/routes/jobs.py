@@ -194,7 +194,8 @@ def _cancelled_job_out(session: Session, org_id: str, job_id: str) -> JobOut:
     response_model=JobOut,
     summary="Resume a failed or cancelled job, or a queued one whose message was lost",
     description="Queues the job again; the worker restarts at the first stage that has not succeeded "
-    "(the failed or cancelled one). Finished stages are not rerun. A job still `queued` with no sign of a worker "
+    "(the failed or cancelled one). Finished stages are not rerun. A job still `queued` (or `waiting`: its worker "
+    "went quiet and it was queued again) with no sign of a worker "
     f"for {QUEUED_PRESUMED_LOST_SECONDS} s (nothing changed on it: no worker picked it up, no event) is presumed "
     "to have lost its broker message: resume sends it again (a `job.resumed` event with `requeued: true`); "
     "sooner it is 409 with `Retry-After`.",

@@ -171,3 +171,20 @@ def test_jobs_and_download_are_registered_lazily():
     assert LAZY_COMMANDS["download"] == "draftsmith.jobs_cli:download"
     listed = CliRunner().invoke(main, ["--help"]).stdout
     assert "jobs" in listed and "download" in listed
+
+
+def test_jobs_shows_a_job_whose_worker_went_quiet_as_waiting_for_a_worker(server):
+    """The API's words for the status, not its name alone: "waiting for a worker", with the stage it resumes."""
+    from test_api_waiting_for_worker import _job_in_training_whose_worker_died, _reap
+
+    harness, base = server
+    org = harness.new_org()
+    job_id = _job_in_training_whose_worker_died(harness, org)
+    assert _reap(harness, job_id) == [(job_id, Stage.TRAIN)]
+
+    result = cli(base, org.key, "jobs")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if line.startswith(job_id))
+    assert row.split()[1:6] == ["waiting", "for", "a", "worker", "train"]
+    refused = cli(base, org.key, "download", job_id)
+    assert refused.exit_code == 1 and f"job {job_id} is waiting for a worker (stage train" in refused.stderr

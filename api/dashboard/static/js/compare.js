@@ -20,7 +20,7 @@ function picker(selectedIds, candidates) {
   const boxes = candidates.map((job) => {
     const id = `cmp-${job.id}`;
     return h("li", {}, h("input", { type: "checkbox", id, value: job.id, checked: selectedIds.includes(job.id) }),
-      h("label", { for: id }, `${jobLabel(job)} `, statusBadge(job.status)));
+      h("label", { for: id }, `${jobLabel(job)} `, statusBadge(job.status, job.status_text)));
   });
   const form = h("form", { id: "compare-picker", "aria-labelledby": "picker-title" },
     h("h2", { id: "picker-title", text: "Jobs to compare" }),
@@ -42,7 +42,7 @@ function table(entries) {
     const training = spec.training || {};
     return h("tr", { "data-job-id": job.id },
       h("th", { scope: "row" }, h("a", { href: `#/jobs/${encodeURIComponent(job.id)}`, text: label })),
-      h("td", {}, statusBadge(job.status)),
+      h("td", {}, statusBadge(job.status, job.status_text)),
       h("td", { text: drafter.variant || "–" }), h("td", { class: "num", text: drafter.block_size ?? "–" }),
       h("td", { text: `${drafter.num_layers ?? "?"} layers, ${training.max_steps ?? "?"} steps, lr ${training.learning_rate ?? "?"}` }),
       h("td", { class: "num", "data-col": "tau", text: report ? fmtNum(top.tau, 3) : "no report yet" }),

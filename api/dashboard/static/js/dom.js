@@ -92,8 +92,9 @@ export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 export const STAGES = ["prepare", "generate", "train", "validate", "export", "publish"];
 
 /** A status shown as a word in a coloured pill: the word carries the meaning, the colour helps. */
-export function statusBadge(status) {
-  return h("span", { class: `badge status-${status}`, "data-status": status, text: status });
+/** A job's or audit's status; `text` is the API's words for it where it sends them (a job's `status_text`). */
+export function statusBadge(status, text) {
+  return h("span", { class: `badge status-${status}`, "data-status": status, text: text || status });
 }
 
 /** Coalesce bursts of calls into at most one run per `ms` (SSE events arrive in bursts). */

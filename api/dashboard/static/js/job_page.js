@@ -106,7 +106,7 @@ export function jobPage(main, route) {
     if (stopped) return;
     refreshTraining = refreshTraining || trainingPanel(training, jobId, ((job.spec || {}).drafter || {}).block_size);
     title.textContent = job.name || job.id;
-    replace(badge, statusBadge(job.status), job.cancel_requested && job.status !== "cancelled" ? h("span", { class: "muted", text: " cancel requested" }) : null);
+    replace(badge, statusBadge(job.status, job.status_text), job.cancel_requested && job.status !== "cancelled" ? h("span", { class: "muted", text: " cancel requested" }) : null);
     renderFacts();
     renderActions();
     renderTimeline();

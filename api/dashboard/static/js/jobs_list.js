@@ -14,10 +14,11 @@ const STATUS_FILTERS = {
   "": "any status",
   active: "active (queued or running)",
   queued: "queued", preparing: "preparing", generating: "generating", training: "training",
-  validating: "validating", exporting: "exporting", publishing: "publishing", cancelling: "cancelling",
+  validating: "validating", exporting: "exporting", publishing: "publishing", waiting: "waiting", cancelling: "cancelling",
   succeeded: "succeeded", failed: "failed", cancelled: "cancelled",
 };
-const ACTIVE = ["queued", "preparing", "generating", "training", "validating", "exporting", "publishing", "cancelling"];
+const ACTIVE = ["queued", "preparing", "generating", "training", "validating", "exporting", "publishing", "waiting",
+  "cancelling"];
 
 function statusQuery(filter) {
   if (!filter) return undefined;
@@ -101,7 +102,7 @@ export function jobsList(main, route) {
       h("td", {}, box),
       h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(job.id)}`, text: job.name || job.id }),
         job.name ? h("div", { class: "muted mono", text: job.id }) : null, labels.length ? h("div", {}, labels) : null),
-      h("td", {}, statusBadge(job.status), progress, eta,
+      h("td", {}, statusBadge(job.status, job.status_text), progress, eta,
         job.error ? h("div", { class: "muted", title: job.error.message, text: `${job.error.code} in ${job.error.stage || "?"}` }) : null),
       h("td", { class: "mono", text: (spec.target || {}).uri || "–" }),
       h("td", { text: drafter.variant || "–" }),
