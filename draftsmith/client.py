@@ -252,7 +252,7 @@ class Client:
     def download(self, job_id: str, directory: str | Path, *,
                  on_progress: Callable[[dict, int], None] | None = None) -> Path:
         """Every artifact of the job into `directory` (same relative names), each checked against its sha256,
-        then the whole set against manifest.json. Raises DownloadError on any mismatch, and before writing
+        then the whole set against manifest.json where the job lists one. Raises DownloadError on any mismatch, and before writing
         anything when a name would land outside `directory`. `on_progress(artifact, bytes)` follows each chunk
         written (a progress bar: the artifact carries `size_bytes`)."""
         directory = Path(directory)
@@ -263,7 +263,8 @@ class Client:
             raise DownloadError(f"{error}; nothing was downloaded") from None
         for artifact, path in zip(artifacts, destinations, strict=True):
             self._download_artifact(artifact, path, on_progress)
-        if (directory / "manifest.json").is_file() and (problems := _manifest_problems(directory)):
+        # Only a manifest.json of this job's: one left in `directory` by an earlier download proves nothing.
+        if lists_manifest(artifacts) and (problems := _manifest_problems(directory)):
             raise DownloadError("download does not match manifest.json: " + "; ".join(problems))
         return directory
 
@@ -329,6 +330,14 @@ class Client:
         if url.scheme not in DEFAULT_PORTS or not url.host:
             raise DownloadError(f"{what}: the server named {location!r} to download from, not an http(s) URL")
         return url
+
+
+MANIFEST_NAME = "manifest.json"
+
+
+def lists_manifest(artifacts: list[dict]) -> bool:
+    """Whether the job's artifacts include manifest.json, against which a download checks the whole set."""
+    return any(artifact.get("name") == MANIFEST_NAME for artifact in artifacts)
 
 
 def _manifest_problems(directory: Path) -> list[str]:

@@ -88,7 +88,8 @@ def _row(job: dict) -> tuple[str, ...]:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Directory to write into (default: ./JOB_ID).")
 def download(url, api_key, job_id, out_dir) -> None:
-    """Download every artifact of a job, each verified by its sha256 (and the set by manifest.json)."""
+    """Download every artifact of a job, each verified by its sha256 (and the set by manifest.json where the job lists
+    one)."""
     from draftsmith.client import ApiError, Client, DownloadError, Unreachable
 
     directory = out_dir or Path(job_id)

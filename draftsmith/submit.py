@@ -193,4 +193,16 @@ def download_artifacts(client, job_id: str, directory: Path) -> None:
 
     with progress:
         client.download(job_id, directory, on_progress=on_progress)
-    click.echo(f"{len(artifacts)} artifacts verified (sha256, manifest.json) in {directory}", err=True)
+    click.echo(verified_message(artifacts, directory), err=True)
+
+
+def verified_message(artifacts: list[dict], directory: Path) -> str:
+    """What a finished download proved, and no more: each file by its sha256, and the set by manifest.json only
+    where the job listed one."""
+    from draftsmith.client import lists_manifest
+
+    count = f"{len(artifacts)} artifact{'s' if len(artifacts) != 1 else ''}"
+    if lists_manifest(artifacts):
+        return f"{count} verified in {directory}: each by its sha256, and the set by manifest.json"
+    return (f"{count} verified in {directory}: each by its sha256; the job listed no manifest.json, so the set "
+            "was not checked against one")

@@ -120,7 +120,8 @@ def test_download_fetches_every_artifact_verified_and_refuses_a_tampered_one(ser
     assert {"report.json", "drafter/model.safetensors"} <= set(names)
     for name in names:
         assert (tmp_path / "out" / name).read_bytes() == harness.runner.artifact_bytes[f"{job_id}/{name}"], name
-    assert f"{len(names)} artifacts verified" in result.stderr
+    assert f"{len(names)} artifacts verified in {tmp_path / 'out'}: each by its sha256; the job listed no " \
+        "manifest.json" in result.stderr  # the fake worker exports none: the line claims no set check
     assert "downloaded drafter/model.safetensors (4" in result.stderr  # per-file progress where no terminal
 
     stored = next(path for path in Path(harness.settings.storage_url.removeprefix("file://")).rglob("model.safetensors")

@@ -210,6 +210,34 @@ def test_a_manifest_that_lists_paths_outside_out_is_not_followed(hostile: Hostil
     assert "manifest.json lists artifact '../secret': refused" in result.stderr
 
 
+def test_the_closing_line_says_what_was_verified_and_no_more(hostile: Hostile, tmp_path: Path):
+    """Each file by its sha256 always; the set by manifest.json only when the job listed one (a manifest.json left
+    in --out by an earlier download is no proof of this job's set, and is not read)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"files": {"other.bin": {"sha256": "' + "0" * 64 + '", "bytes": 1}}}')
+    hostile.serve("drafter/model.safetensors", GOOD, "/files/good")
+    hostile.files["/files/good"] = GOOD
+
+    without = download(hostile, out)
+
+    assert without.exit_code == 0, without.output
+    assert without.stderr.strip().splitlines()[-1] == (
+        f"1 artifact verified in {out}: each by its sha256; the job listed no manifest.json, so the set was not "
+        "checked against one")
+
+    manifest = json.dumps({"files": {"drafter/model.safetensors": {
+        "sha256": hashlib.sha256(GOOD).hexdigest(), "bytes": len(GOOD)}}}).encode()
+    hostile.serve("manifest.json", manifest, "/files/manifest")
+    hostile.files["/files/manifest"] = manifest
+
+    listed = download(hostile, tmp_path / "again")
+
+    assert listed.exit_code == 0, listed.output
+    assert listed.stderr.strip().splitlines()[-1] == (
+        f"2 artifacts verified in {tmp_path / 'again'}: each by its sha256, and the set by manifest.json")
+
+
 def test_a_succeeded_job_without_artifacts_is_no_success(hostile: Hostile, tmp_path: Path):
     result = download(hostile, tmp_path / "out")
     assert result.exit_code == 1, result.output
