@@ -21,8 +21,9 @@ the connection if *any* address it resolves to is:
   6to4, Teredo, IPv4-compatible): unless it lies in a network the deployment allow-lists
   (`egress_allowed_networks`; loopback and private ranges by default in development).
 It returns the first address, and the caller connects to exactly that address (no second lookup a rebinding
-DNS server could answer differently). Redirects are never followed by webhook deliveries; S3 clients open
-every connection, a redirected one included, through the same check (`domain/storage.py`'s pinned
+DNS server could answer differently). Redirects are never followed by webhook deliveries, nor by S3 clients of a
+custom endpoint (refused on the first hop as a storage error: `domain/storage.py` StorageRedirected); S3 clients
+open every connection, a retried one included, through the same check (`domain/storage.py`'s pinned
 connections).
 """
 

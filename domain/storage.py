@@ -109,44 +109,80 @@ class LocalStorage:
             raise OSError(f"storage root {self.root} is not writable")
 
 
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+
+
+class StorageRedirected(Exception):
+    """An S3 endpoint of ours or an organisation's answered a redirect. Refused on the first hop: botocore would
+    retry the same endpoint under another signing region, asking the bucket's region by a HEAD that is redirected
+    again, until RecursionError; and a redirect is no way for an endpoint to send our requests elsewhere. The
+    message names the endpoint, the setting that names it and the fix; a job fails with `storage_error`."""
+
+
+def _refuse_redirects(client: Any, endpoint_url: str, endpoint_setting: str) -> None:
+    """Make every redirect answer of `client`'s endpoint a StorageRedirected, before botocore's own handlers
+    (its region redirector among them) see it. A 304 (not modified) is no redirect and passes."""
+
+    def refuse(response: Any = None, operation: Any = None, **_kwargs: Any) -> None:
+        http = response[0] if response else None
+        if http is None or http.status_code not in REDIRECT_STATUSES:
+            return
+        location = str(http.headers.get("location") or "")[:200]
+        raise StorageRedirected(
+            f"object storage at {endpoint_url} answered {getattr(operation, 'name', 'a request')} with a redirect "
+            f"({http.status_code}{' to ' + location if location else ''}); redirects are not followed: set "
+            f"{endpoint_setting} to the address that serves the bucket itself")
+
+    client.meta.events.register_first("needs-retry.s3", refuse)
+
+
 def s3_client(settings: Settings, *, anonymous: bool = False) -> Any:
     """A boto3 S3 client for the deployment's endpoint and credentials (its storage, trusted buckets), or unsigned
     on that endpoint (`anonymous`: public buckets only, and no credential from the environment either). An
     organisation's own credentials: `organisation_s3_client`. Which one a URI gets: domain/storage_scope.py."""
+    setting = "DRAFTSMITH_S3_ENDPOINT_URL (the deployment's storage endpoint)"
     if anonymous:
-        return _client(settings.s3_endpoint_url, settings.s3_region, None, anonymous=True)
+        return _client(settings.s3_endpoint_url, settings.s3_region, None, anonymous=True, endpoint_setting=setting)
     credentials = None
     if settings.s3_access_key_id and settings.s3_secret_access_key:
         credentials = (settings.s3_access_key_id, settings.s3_secret_access_key.get_secret_value())
-    return _client(settings.s3_endpoint_url, settings.s3_region, credentials)
+    return _client(settings.s3_endpoint_url, settings.s3_region, credentials, endpoint_setting=setting)
 
 
 def organisation_s3_client(settings: Settings, *, access_key_id: str, secret_access_key: str,
-                           endpoint_url: str | None, region: str | None) -> Any:
+                           endpoint_url: str | None, region: str | None,
+                           endpoint_setting: str = "the endpoint_url of your S3 secret") -> Any:
     """A client with an organisation's own credentials, for the endpoint its secret names (AWS when it names none:
     never the deployment's own endpoint). Every connection it opens goes through the egress policy, to the
     address that policy checked (domain/egress.py): a secret's endpoint that resolves, now or after a DNS change,
-    to our storage, database or private networks is refused at connect."""
+    to our storage, database or private networks is refused at connect. A redirect from that endpoint is refused
+    (StorageRedirected, naming `endpoint_setting`: which secret's field to fix)."""
     from domain.egress import EgressPolicy
 
-    client = _client(endpoint_url, region or settings.s3_region, (access_key_id, secret_access_key))
+    client = _client(endpoint_url, region or settings.s3_region, (access_key_id, secret_access_key),
+                     endpoint_setting=endpoint_setting)
     _pin_connections(client, EgressPolicy.from_settings(settings))
     return client
 
 
-def _client(endpoint_url: str | None, region: str, credentials: tuple[str, str] | None, *,
+def _client(endpoint_url: str | None, region: str, credentials: tuple[str, str] | None, *, endpoint_setting: str,
             anonymous: bool = False) -> Any:
+    """A boto3 S3 client. A custom endpoint's redirects are refused (`_refuse_redirects`); AWS's own (no endpoint)
+    keep botocore's region redirect, which only ever goes to the bucket's regional AWS endpoint."""
     import boto3  # imported here: a local-storage deployment never pays for botocore
     from botocore import UNSIGNED
     from botocore.config import Config
 
     keys = {"aws_access_key_id": credentials[0], "aws_secret_access_key": credentials[1]} if credentials else {}
-    return boto3.client(
+    client = boto3.client(
         "s3", endpoint_url=endpoint_url, region_name=region,
         config=Config(signature_version=UNSIGNED if anonymous else "s3v4",
                       retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=60),
         **keys,
     )
+    if endpoint_url is not None:
+        _refuse_redirects(client, endpoint_url, endpoint_setting)
+    return client
 
 
 def _pin_connections(client: Any, policy: Any) -> None:

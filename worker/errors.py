@@ -28,6 +28,10 @@ def storage_refusal(error: BaseException) -> str | None:
     the refusal and the settings to check; never echoes a credential."""
     import botocore.exceptions
 
+    from domain.storage import StorageRedirected
+
+    if isinstance(error, StorageRedirected):  # names the endpoint's setting and the fix itself
+        return str(error)
     if isinstance(error, botocore.exceptions.ClientError):
         code = error.response.get("Error", {}).get("Code", "an error")
         operation = getattr(error, "operation_name", "a request")

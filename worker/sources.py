@@ -135,7 +135,8 @@ def open_s3(uri: str, settings: Settings, caller: Caller, *, what: str, write: b
             raise StorageNotAllowed(f"{what}: {exc}") from None
         except SecretUnavailable as exc:
             raise StorageNotAllowed(f"{what} {uri}: {exc}") from None
-    client = organisation_s3_client(settings, **credentials)  # type: ignore[arg-type]
+    field = f"the endpoint_url of your secret {access.secret!r} (PUT /v1/secrets/{access.secret})"
+    client = organisation_s3_client(settings, **credentials, endpoint_setting=field)  # type: ignore[arg-type]
     identity = "|".join(("secret", str(credentials["endpoint_url"] or "aws"), str(credentials["region"] or ""),
                          str(credentials["access_key_id"]),
                          hashlib.sha256(str(credentials["secret_access_key"]).encode()).hexdigest()))
