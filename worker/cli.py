@@ -140,7 +140,12 @@ def serve(host: str, port: int, data_dir: Path) -> None:
     # shutdown. Raising SystemExit instead runs the `finally`, which gives the worker WORKER_STOP_SECONDS.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        uvicorn.run("api.main:app", host=host, port=port, log_level="info")
+        # timeout_graceful_shutdown: uvicorn otherwise waits on SIGTERM for every open response, and an event stream
+        # (`submit --wait`, the dashboard) stays open until its job ends: serve ignored SIGTERM. After this long
+        # the streams are cancelled (clients reconnect elsewhere or say the server is gone) and serve goes on to
+        # stop its worker. The same setting as `draftsmith api`'s.
+        uvicorn.run("api.main:app", host=host, port=port, log_level="info",
+                    timeout_graceful_shutdown=settings.api_graceful_shutdown_seconds)
     finally:
         # SIGTERM to the worker's main process only: Celery's warm shutdown stops its pool children itself. Signalled
         # directly, a child can die holding the pool's queue lock, and the main process then waits on it for ever.

@@ -97,3 +97,40 @@ def test_submit_to_an_unreachable_server_says_so_in_one_line():
     assert result.exit_code == 1
     assert f"cannot reach the Draftsmith server at http://127.0.0.1:{port}" in result.output
     assert "draftsmith serve" in result.output and "Traceback" not in result.output
+
+
+def test_serve_exits_on_sigterm_while_submit_wait_holds_its_event_stream(tmp_path, models):
+    """`submit --wait` holds the job's event stream open until the job ends, and uvicorn waits on open responses
+    when told to stop: serve ignored SIGTERM for as long as the job trained. Now the stream is cut after
+    DRAFTSMITH_API_GRACEFUL_SHUTDOWN_SECONDS, serve stops its worker and exits, and submit says the server is gone."""
+    data_dir, port = tmp_path / "data", free_port()
+    env = {**inherited_env("DRAFTSMITH_"), "DRAFTSMITH_ALLOWED_FILE_ROOTS": str(models), "DRAFTSMITH_DEV_API_KEY": KEY,
+           "DRAFTSMITH_API_GRACEFUL_SHUTDOWN_SECONDS": "1"}
+    server = DraftsmithProcess(["serve", "--port", str(port), "--data-dir", str(data_dir)], env, tmp_path / "serve.log")
+    url = f"http://127.0.0.1:{port}"
+    spec = tmp_path / "job.json"
+    # Far more training than the test lasts: the job, and so its stream, would outlive any wait below.
+    spec.write_text(json.dumps(tiny_spec(f"file://{models}/bpe", training={"max_steps": 1_000_000})))
+    submit = None
+    try:
+        server.wait_ready(url)
+        with (tmp_path / "submit.log").open("wb") as submit_log:
+            submit = subprocess.Popen(
+                [sys.executable, "-m", "draftsmith.cli", "submit", "--url", url, "--api-key", KEY, "--spec", str(spec),
+                 "--wait"], stdout=submit_log, stderr=subprocess.STDOUT, env=env)
+        wait_until(lambda: re.search(r"GET /v1/jobs/job_\w+/events HTTP/1\.1\" 200", server.log()), 120,
+                   "submit --wait to open the job's event stream")
+
+        server.terminate_main()  # as systemd or a container runtime stops it: the main process only
+
+        try:
+            server.process.wait(timeout=WORKER_STOP_SECONDS + 60)  # the worker's grace and then some
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"serve ignored SIGTERM with a stream open:\n{server.log()[-3000:]}") from None
+        assert submit.wait(timeout=60) == 1  # its stream was cut: it exits, it does not hang
+        assert "cannot reach the Draftsmith server" in (tmp_path / "submit.log").read_text()
+    finally:
+        if submit is not None and submit.poll() is None:
+            submit.kill()
+        server.stop(timeout=WORKER_STOP_SECONDS + 30)
+    wait_until(lambda: not _worker_processes_of(data_dir), 60, "the worker to exit with serve")
