@@ -3,7 +3,8 @@
 - `refuse_control_characters` (an app-wide dependency, so it runs after routing and can name the
   parameter): path parameters and query values must not contain control characters. PostgreSQL cannot
   store NUL at all, and no id, cursor or filter of ours contains one, so this answers 422 naming the
-  field instead of letting the value reach a query.
+  field instead of letting the value reach a query. `state_parameter_rules` writes the same rule into the
+  OpenAPI document, so that a request valid by the document is not refused by it.
 - `JsonBodyMiddleware`: a body sent to a `/v1` route must be `application/json` in UTF-8 (415 otherwise;
   uploads must be `multipart/form-data`), and must parse under `schemas.bounds.loads_json`'s limits
   (depth, 64-bit numbers, no NaN), else 422 naming `body`. Admission control (api/admission.py), outside
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import email.message
+from typing import Any
 
 from fastapi import Request
 from starlette.exceptions import HTTPException
@@ -21,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.problems import send_problem
 from domain.errors import FieldError, InvalidRequest
-from schemas.bounds import JsonInputError, find_control_character, loads_json
+from schemas.bounds import NO_CONTROL_CHARACTERS_PATTERN, JsonInputError, find_control_character, loads_json
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 MULTIPART_PATHS = frozenset({"/v1/files"})
@@ -38,6 +40,34 @@ async def refuse_control_characters(request: Request) -> None:
             errors.append(FieldError(field=field, message=f"must not contain control characters (found {found})"))
     if errors:
         raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors)
+
+
+def state_parameter_rules(document: dict[str, Any]) -> None:
+    """Give every string of a path or query parameter in the OpenAPI `document` the pattern that excludes control
+    characters (`refuse_control_characters`'s rule), unless its route states a stricter pattern of its own (an id,
+    a secret name, a month), which excludes them too. Enums and references are left as they are."""
+    for path_item in document.get("paths", {}).values():
+        for operation in path_item.values():
+            for parameter in operation.get("parameters", []) if isinstance(operation, dict) else []:
+                if parameter.get("in") in ("path", "query"):
+                    _state_no_control_characters(parameter.get("schema", {}))
+
+
+def _state_no_control_characters(schema: dict[str, Any], stated: str | None = None) -> None:
+    """`stated`: the pattern a route gave an optional parameter, which FastAPI puts beside `anyOf` rather than on its
+    string option; it is moved onto that option, where readers and request generators look for it."""
+    if "enum" in schema or "const" in schema or "$ref" in schema:
+        return
+    pattern = schema.get("pattern") or stated
+    if schema.get("type") == "string":
+        schema["pattern"] = pattern or NO_CONTROL_CHARACTERS_PATTERN
+    elif schema.get("type") == "array" and isinstance(schema.get("items"), dict):
+        schema.pop("pattern", None)  # a repeatable parameter's: each value's
+        _state_no_control_characters(schema["items"], pattern)
+    if "anyOf" in schema:
+        schema.pop("pattern", None)
+        for option in schema["anyOf"]:
+            _state_no_control_characters(option, pattern)
 
 
 def _media_type(content_type: str) -> tuple[str, str | None]:

@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from api.admission import AdmissionCollector, AdmissionControlMiddleware, AdmissionState, configure_thread_limiter
 from api.dashboard import router as dashboard_router
 from api.deps import services_for
-from api.edge import JsonBodyMiddleware, refuse_control_characters
+from api.edge import JsonBodyMiddleware, refuse_control_characters, state_parameter_rules
 from api.observability import (
     PUBLISH_INTERVAL_SECONDS,
     ApiMetrics,
@@ -137,6 +137,7 @@ def _document_problems(app: FastAPI, routers: Sequence[APIRouter]) -> None:
         for unused in ("HTTPValidationError", "ValidationError"):
             schema.get("components", {}).get("schemas", {}).pop(unused, None)
         _document_hand_parsed_bodies(schema, routers)
+        state_parameter_rules(schema)
         app.openapi_schema = schema
         return schema
 

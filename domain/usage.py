@@ -39,6 +39,10 @@ def period_bounds(now: datetime | None = None) -> tuple[str, datetime, datetime]
 
 FIRST_PERIOD, LAST_PERIOD = "1970-01", "9999-11"
 """The months /v1/usage answers for: 9999-12 would end in year 10000, which no datetime (or column) holds."""
+PERIOD_PATTERN = (r"^(?:19[7-9][0-9]|[2-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(?:0[1-9]|1[0-2])$"
+                  r"|^9999-(?:0[1-9]|1[01])$")
+"""FIRST_PERIOD to LAST_PERIOD as YYYY-MM: how the OpenAPI document states what parse_period accepts (a test holds
+the two to the same months)."""
 
 
 def parse_period(period: str) -> tuple[str, datetime, datetime]:

@@ -44,8 +44,13 @@ Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 NonNegativeInt64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
 NonNegativeInt32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
-# C0 controls, DEL, C1 controls and UTF-16 surrogates (a lone one cannot even be encoded as UTF-8).
-_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# C0 controls, DEL and C1 controls, as regex escapes that Python and JSON Schema's regex engines read alike.
+CONTROL_CHARACTERS = r"\x00-\x1f\x7f-\x9f"
+NO_CONTROL_CHARACTERS_PATTERN = f"^[^{CONTROL_CHARACTERS}]*$"
+"""A JSON Schema `pattern` for text without control characters (the OpenAPI document states the rule with it)."""
+# Those, and UTF-16 surrogates: a Python string can hold a lone one, no UTF-8 text can (so the pattern above, which
+# describes text, leaves them out: regex engines of JSON Schema refuse a surrogate range).
+_CONTROL_RE = re.compile(f"[{CONTROL_CHARACTERS}\ud800-\udfff]")
 # The same, but tab, line feed and carriage return are allowed: prompts and system prompts are prose.
 _CONTROL_MULTILINE_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 

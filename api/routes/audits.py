@@ -56,7 +56,9 @@ def create(principal: WritePrincipal, session: SessionDep, services: ServicesDep
 def list_(principal: ReadPrincipal, session: SessionDep,
           drafter: Annotated[str | None, Query(max_length=2048, description="Only audits of this drafter.")] = None,
           limit: Annotated[int, Query(ge=1, le=100)] = 20,
-          after: Annotated[str | None, Query(max_length=64)] = None) -> AuditList:
+          after: Annotated[str | None, Query(max_length=64, description="Cursor: `next_cursor` of the previous page.",
+                                             json_schema_extra={"pattern": _AUDIT_ID_RE.pattern})] = None
+          ) -> AuditList:
     if after is not None and not _AUDIT_ID_RE.match(after):
         raise InvalidRequest("`after` must be an audit id taken from next_cursor",
                              errors=[FieldError(field="after", message="not an audit id")])

@@ -25,7 +25,9 @@ def list_(principal: ReadPrincipal, session: SessionDep,
           target_fingerprint: Annotated[str | None, Query(max_length=80)] = None,
           job_id: Annotated[str | None, Query(max_length=64, description="The drafter a job published.")] = None,
           limit: Annotated[int, Query(ge=1, le=100)] = 20,
-          after: Annotated[str | None, Query(max_length=64)] = None) -> DrafterList:
+          after: Annotated[str | None, Query(max_length=64, description="Cursor: `next_cursor` of the previous page.",
+                                             json_schema_extra={"pattern": DRAFTER_ID_RE.pattern})] = None
+          ) -> DrafterList:
     if after is not None and not DRAFTER_ID_RE.match(after):
         raise InvalidRequest("`after` must be a drafter id taken from next_cursor",
                              errors=[FieldError(field="after", message="not a drafter id")])

@@ -24,7 +24,7 @@ from domain.jobs import (
     parse_job_spec,
     resume_job,
 )
-from schemas.bounds import TARGET_PARAMETERS_BILLION_RANGE
+from schemas.bounds import CONTROL_CHARACTERS, TARGET_PARAMETERS_BILLION_RANGE
 from schemas.job_spec import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -32,7 +32,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 StatusFilter = JobStatusName
 GpuClassName = Literal["cpu-2core", "l4-24gb", "a10g-24gb", "a100-80gb", "h100-80gb", "h200-141gb"]
 assert set(GpuClassName.__args__) == set(GPU_CLASSES)  # type: ignore[attr-defined]
-_LABEL_FILTER_RE = re.compile(r"^([a-z0-9][a-z0-9_.-]{0,62}):(.{0,256})$", re.DOTALL)
+_LABEL_KEY = r"[a-z0-9][a-z0-9_.-]{0,62}"
+_LABEL_FILTER_RE = re.compile(rf"^({_LABEL_KEY}):(.{{0,256}})$", re.DOTALL)
+# The filter as the OpenAPI document states it: with the app-wide refusal of control characters (api/edge.py).
+LABEL_FILTER_PATTERN = rf"^{_LABEL_KEY}:[^{CONTROL_CHARACTERS}]{{0,256}}$"
 
 # The body is validated by `job_spec_body` (it needs this deployment's allowed file roots as
 # validation context, which FastAPI's own body parsing cannot pass), so describe it explicitly.
@@ -100,10 +103,12 @@ async def list_(
     services: ServicesDep,
     status: Annotated[list[StatusFilter] | None, Query(description="Keep jobs in any of these states.")] = None,
     label: Annotated[
-        list[str] | None, Query(description="`key:value`; repeat to require several labels.", max_length=16)
+        list[str] | None, Query(description="`key:value`; repeat to require several labels.", max_length=16,
+                                json_schema_extra={"pattern": LABEL_FILTER_PATTERN})
     ] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    after: Annotated[str | None, Query(description="Cursor: `next_cursor` of the previous page.", max_length=64)] = None,
+    after: Annotated[str | None, Query(description="Cursor: `next_cursor` of the previous page.", max_length=64,
+                                       json_schema_extra={"pattern": JOB_ID_RE.pattern})] = None,
 ) -> JobList:
     labels = []
     for item in label or []:

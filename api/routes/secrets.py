@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Path, Response
 from pydantic import BaseModel, Field
 
 from api.deps import AdminPrincipal, ServicesDep, SessionDep
@@ -13,6 +13,7 @@ from api.problems import problem_responses
 from domain.models import OrgSecret
 from domain.secrets import MAX_SECRET_BYTES, delete_secret, list_secrets, put_secret
 from schemas.bounds import JsonBody
+from schemas.job_spec import SECRET_NAME_PATTERN
 
 router = APIRouter(prefix="/v1/secrets", tags=["secrets"])
 
@@ -35,6 +36,11 @@ class SecretList(BaseModel):
     data: list[SecretOut]
 
 
+# The rule domain/secrets.py enforces (with its own message), stated in the OpenAPI document.
+SecretName = Annotated[str, Path(description="1-63 characters of a-z, 0-9, '_', '.', '-', starting with a letter or "
+                                 "digit", json_schema_extra={"pattern": SECRET_NAME_PATTERN})]
+
+
 def _out(row: OrgSecret) -> SecretOut:
     return SecretOut(name=row.name, created_at=row.created_at, updated_at=row.updated_at)
 
@@ -43,7 +49,7 @@ def _out(row: OrgSecret) -> SecretOut:
             description="Jobs reference it by name in `publish[].credentials_secret` / `token_secret`. Encrypted "
             "at rest; the value is never returned, logged or put in events.",
             responses=problem_responses(401, 403, 422))
-def store(name: str, body: SecretIn, principal: AdminPrincipal, session: SessionDep,
+def store(name: SecretName, body: SecretIn, principal: AdminPrincipal, session: SessionDep,
           services: ServicesDep) -> SecretOut:
     return _out(put_secret(session, services.settings, principal.org_id, name, body.value))
 
@@ -55,6 +61,6 @@ def index(principal: AdminPrincipal, session: SessionDep) -> SecretList:
 
 
 @router.delete("/{name}", status_code=204, summary="Delete a secret", responses=problem_responses(401, 403, 404, 422))
-def remove(name: str, principal: AdminPrincipal, session: SessionDep) -> Response:
+def remove(name: SecretName, principal: AdminPrincipal, session: SessionDep) -> Response:
     delete_secret(session, principal.org_id, name)
     return Response(status_code=204)

@@ -11,7 +11,14 @@ from pydantic import BaseModel, Field
 from api.deps import ReadPrincipal, ServicesDep, SessionDep
 from api.problems import problem_responses
 from domain.models import Organisation
-from domain.usage import active_job_count, limits_for, parse_period, period_bounds, usage_between
+from domain.usage import (
+    PERIOD_PATTERN,
+    active_job_count,
+    limits_for,
+    parse_period,
+    period_bounds,
+    usage_between,
+)
 
 router = APIRouter(prefix="/v1/usage", tags=["usage"])
 
@@ -42,7 +49,8 @@ class UsageOut(BaseModel):
 
 @router.get("", response_model=UsageOut, summary="Usage and quotas", responses=problem_responses(401, 403, 422))
 def usage(principal: ReadPrincipal, session: SessionDep, services: ServicesDep,
-          period: Annotated[str | None, Query(max_length=7, description="YYYY-MM; default: this month.")] = None
+          period: Annotated[str | None, Query(max_length=7, description="YYYY-MM; default: this month.",
+                                              json_schema_extra={"pattern": PERIOD_PATTERN})] = None
           ) -> UsageOut:
     name, start, end = parse_period(period) if period else period_bounds()
     org = session.get(Organisation, principal.org_id)
