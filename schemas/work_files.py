@@ -101,11 +101,26 @@ class PinnedSources(VersionedFile):
 # --- prepare.json -------------------------------------------------------------------------------------------
 
 
+class ParentOrigin(LenientModel):
+    """Where a warm start's parent drafter came from, as the importer recognised it by its content
+    (trainer/drafter/formats.py), and what starting this job from it changed: for the report and the model card."""
+
+    format: str | None = Field(default=None, description="draftsmith, z-lab (the reference dflash format), "
+                                                         "speculators or specforge.")
+    variant: str | None = Field(default=None, description="The parent's own method: dflash, dflash2 or dspark.")
+    architecture: str | None = Field(default=None, description="The architecture its config.json names.")
+    upgrades: list[str] = Field(default_factory=list, description="What the job changed, e.g. DFlash to DFlash 2.")
+    dropped_tensors: list[str] = Field(default_factory=list,
+                                       description="Parent tensors not carried over, each with the reason.")
+    notes: list[str] = Field(default_factory=list, description="What a reader of the report should know.")
+
+
 class PreparedParent(LenientModel):
     """A warm start's parent drafter as prepare checked it."""
 
     path: str | None = None
     target_fingerprint: str | None = None
+    origin: ParentOrigin | None = None
 
 
 class PreparedTarget(VersionedFile):

@@ -144,7 +144,7 @@ def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt
     reference_source = "given" if reference_tau is not None else None
     if reference_tau is None and report_file is not None:
         reference_tau, reference_source = ValidationReport.load(report_file).tau, str(report_file)
-    drafter = load_drafter(directory, target.device, target.dtype)
+    drafter = load_drafter(directory, target.device, target.dtype, num_target_layers=target.num_layers)
     fits = compatibility(target, drafter)
     check_fits(target, as_measured(drafter))
     if not prompts:
@@ -203,7 +203,7 @@ def compare_with_parent(target: Target, parent_path: str | Path, prompts: list[P
                         max_new_tokens: int, tau: float) -> dict:
     """The parent drafter's tau on this target and these held-out prompts, beside the new drafter's."""
     directory, _ = drafter_directory(parent_path)
-    parent = as_measured(load_drafter(directory, target.device, target.dtype))
+    parent = as_measured(load_drafter(directory, target.device, target.dtype, num_target_layers=target.num_layers))
     check_fits(target, parent)
     measured = measure_tau(target, parent, prompts, params, max_new_tokens)
     return {"parent_tau": measured["tau"], "parent_tau_per_position": measured["tau_per_position"],

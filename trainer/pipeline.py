@@ -199,13 +199,21 @@ def load_job_target(config: RunConfig, plan: DevicePlan | None = None):
                        may_split=plan.count > 1, base=base)  # a job that names one GPU (cuda:N) is never split
 
 
-def parent_drafter_config(config: RunConfig):
-    """The shape of the drafter a warm start begins from (`config.train.init = "drafter:DIR"`), else None."""
+def parent_drafter(config: RunConfig, num_target_layers: int | None = None):
+    """The drafter a warm start begins from (`config.train.init = "drafter:DIR"`), recognised in whichever
+    format wrote it (trainer/drafter/formats.py `ParentCheckpoint`: its shape and origin), else None.
+    `num_target_layers`: the target's depth, for a format that does not record it."""
     if not config.train.parent_drafter:
         return None
-    from trainer.drafter.checkpoint import read_drafter_config
+    from trainer.drafter.formats import read_parent
 
-    return read_drafter_config(config.train.parent_drafter)
+    return read_parent(config.train.parent_drafter, num_target_layers=num_target_layers)
+
+
+def parent_drafter_config(config: RunConfig, num_target_layers: int | None = None):
+    """The shape of the drafter a warm start begins from, in any format, else None."""
+    parent = parent_drafter(config, num_target_layers)
+    return None if parent is None else parent.config
 
 
 def read_prepared(prepared: PreparedTarget | Mapping[str, Any], where: object = "prepare.json") -> PreparedTarget:
@@ -290,8 +298,16 @@ class JobStages:
                                  else choose_mask_token_id(target.tokenizer, target.vocab_size))
         taps = list(c.target_layer_ids) if c.target_layer_ids else default_target_layer_ids(target.num_layers,
                                                                                             c.num_layers)
-        parent = parent_drafter_config(c)
+        recognised = parent_drafter(c, target.num_layers)
+        parent = None if recognised is None else recognised.config
         if parent is not None:  # a warm start keeps the parent's mask token and taps unless the job names its own
+            from trainer.training.init import IncompatibleDrafter, parent_target_mismatches
+
+            misfit = parent_target_mismatches(parent, hidden_size=target.hidden_size, vocab_size=target.vocab_size,
+                                              num_layers=target.num_layers)
+            if misfit:  # before the taps and mask token below are taken from it
+                raise IncompatibleDrafter(f"cannot warm-start from the drafter {c.train.parent_drafter}: "
+                                          + "; ".join(misfit))
             if c.mask_token_id is None:
                 mask_token_id, reason = parent.mask_token_id, "the parent drafter's (warm start)"
             taps = list(c.target_layer_ids or parent.target_layer_ids)
@@ -301,12 +317,14 @@ class JobStages:
             mask_token_id=mask_token_id, mask_token_rule=reason, tap_layer_ids=taps,
             train_prompts=len(train_prompts), holdout_prompts=len(holdout))
         shape = drafter_config_for(c, target, prepared)  # validates the drafter's shape (taps in range, mask id) now
-        if parent is not None:
+        if recognised is not None:
+            from trainer.drafter.upgrade import upgrades
             from trainer.training.init import check_warm_start
 
-            check_warm_start(parent, shape, c.train.parent_drafter)  # refused here, before any compute
-            prepared.parent_drafter = PreparedParent(path=c.train.parent_drafter,
-                                                     target_fingerprint=parent.target_fingerprint)
+            check_warm_start(recognised.config, shape, c.train.parent_drafter)  # refused here, before any compute
+            origin = recognised.origin.model_copy(update={"upgrades": upgrades(recognised.config, shape)})
+            prepared.parent_drafter = PreparedParent(path=c.train.parent_drafter, origin=origin,
+                                                     target_fingerprint=recognised.config.target_fingerprint)
         atomic_write_json(self.layout.prepared, prepared.to_json())
         self.hooks.on_saved(self.layout.prepared)
         summary = {k: v for k, v in prepared.to_json().items() if k != "version"}

@@ -157,10 +157,10 @@ def test_a_warm_start_begins_from_the_parent_weights_and_beats_it_on_the_new_tar
 
 def test_a_warm_start_of_another_shape_is_refused_before_any_compute(world):
     config = small_config(world["tuned"], world["prompts"], init=f"drafter:{world['layout'].drafter}")
-    config = dataclasses.replace(config, block_size=8)
+    config = dataclasses.replace(config, num_layers=2)  # a block size, taps or variant of its own are upgrades
     layout = Layout.under(world["root"] / "refused", world["root"] / "refused" / "out")
-    with pytest.raises(IncompatibleDrafter, match=r"block_size is 4 in the parent but 8 here \(set drafter.block_size "
-                                                  r"to 4 or train from scratch\)"):
+    with pytest.raises(IncompatibleDrafter, match=r"num_layers is 1 in the parent but 2 here \(set drafter.num_layers "
+                                                  r"to 1 or train from scratch\)"):
         run_stage("prepare", config, layout)
     assert not layout.prepared.exists()
 

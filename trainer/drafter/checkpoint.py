@@ -5,18 +5,16 @@ reads it)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from trainer.atomic import atomic_path, atomic_write_json
 from trainer.drafter.config import DrafterConfig
-from trainer.drafter.draft_vocab import load_draft_vocab
+from trainer.drafter.draft_vocab import ids_from_d2t  # noqa: F401 (read here by the export's tests)
 from trainer.drafter.model import Drafter
-from trainer.errors import DrafterError
 
 # Released DFlash 2 checkpoints store the two codebooks without the `.weight` suffix.
 RELEASED_NAMES = {
@@ -32,16 +30,6 @@ def d2t_tensors(ids: torch.Tensor, head: torch.Tensor, dtype: torch.dtype) -> di
     ids = ids.to(torch.long).sort().values
     return {"d2t": (ids - torch.arange(len(ids))).contiguous(),
             "lm_head.weight": head.detach()[ids].to(device="cpu", dtype=dtype).contiguous()}
-
-
-def ids_from_d2t(d2t: torch.Tensor, vocab_size: int, source: str) -> torch.Tensor:
-    """Sorted target ids from a `d2t` offset table; refuses one that is not a strictly increasing map into the
-    vocabulary (what training always writes, and what vLLM's scatter of the draft logits assumes)."""
-    ids = torch.arange(len(d2t)) + d2t.to(torch.long)
-    if len(ids) and (int(ids[0]) < 0 or int(ids[-1]) >= vocab_size or bool((ids[1:] <= ids[:-1]).any())):
-        raise DrafterError(f"{source}: d2t does not map the draft ids to distinct, sorted target ids below "
-                           f"{vocab_size}; export the drafter again")
-    return ids
 
 
 def save_drafter(drafter: Drafter, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
@@ -91,37 +79,19 @@ def drafter_prefix(names: Iterable[str]) -> str | None:
     return None
 
 
-def read_drafter_config(path: str | Path) -> DrafterConfig:
-    config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        raise DrafterError(f"drafter {path}: config.json is missing")
-    return DrafterConfig.from_hf_dict(json.loads(config_file.read_text()))
+def read_drafter_config(path: str | Path, *, num_target_layers: int | None = None) -> DrafterConfig:
+    """The shape of the drafter in `path`, in any format trainer/drafter/formats.py reads (config.json and the
+    weights' headers only). `num_target_layers`: the target's depth, for a format that does not record it."""
+    from trainer.drafter.formats import read_parent
+
+    return read_parent(path, num_target_layers=num_target_layers).config
 
 
-def load_drafter(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Drafter:
-    path = Path(path)
-    config = read_drafter_config(path)
-    weights = path / "model.safetensors"
-    if not weights.is_file():
-        raise DrafterError(f"drafter {path}: model.safetensors is missing")
-    released_to_module = {v: k for k, v in RELEASED_NAMES.items()}
-    state = {released_to_module.get(k, k): v for k, v in load_file(weights).items()}
-    # An export's draft vocabulary (trainer/export/drafter_d2t.py): `d2t` and the drafter's own head rows,
-    # which are the target head's rows at those ids; our decoder takes them from the target itself.
-    d2t = state.pop("d2t", None)
-    if d2t is not None:
-        state.pop("lm_head.weight", None)
-        state.pop("t2d", None)
-    drafter = Drafter(config)
-    missing, unexpected = drafter.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise DrafterError(f"drafter {path}: weights do not match config.json "
-                           f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    drafter = drafter.to(device=device, dtype=dtype).eval()
-    drafter.draft_vocab = (ids_from_d2t(d2t, config.vocab_size, str(weights)) if d2t is not None
-                           else load_draft_vocab(path))
-    if (None if drafter.draft_vocab is None else len(drafter.draft_vocab)) != config.draft_vocab_size:
-        where = f"the d2t table in {weights}" if d2t is not None else path / "draft_vocab.safetensors"
-        raise DrafterError(f"drafter {path}: config.json says draft_vocab_size {config.draft_vocab_size} but "
-                           f"{where} holds {'none' if drafter.draft_vocab is None else len(drafter.draft_vocab)}")
-    return drafter
+def load_drafter(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *,
+                 num_target_layers: int | None = None) -> Drafter:
+    """The drafter in `path`: ours, or a parent in a format of the field (z-lab's reference format, vLLM
+    speculators', SpecForge's, a DSpark drafter's backbone), recognised by its content and converted tensor by
+    tensor (trainer/drafter/formats.py); with its draft vocabulary (`drafter.draft_vocab`) when it has one."""
+    from trainer.drafter.formats import import_drafter
+
+    return import_drafter(path, num_target_layers=num_target_layers, device=device, dtype=dtype).drafter

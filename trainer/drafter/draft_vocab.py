@@ -69,3 +69,13 @@ def load_draft_vocab(drafter_dir: str | Path) -> torch.Tensor | None:
     if not torch.equal(tensors["t2d"].nonzero()[:, 0], ids):
         raise DrafterError(f"{path}: d2t and t2d disagree")
     return ids
+
+
+def ids_from_d2t(d2t: torch.Tensor, vocab_size: int, source: str) -> torch.Tensor:
+    """Sorted target ids from a `d2t` offset table; refuses one that is not a strictly increasing map into the
+    vocabulary (what training always writes, and what vLLM's scatter of the draft logits assumes)."""
+    ids = torch.arange(len(d2t)) + d2t.to(torch.long)
+    if len(ids) and (int(ids[0]) < 0 or int(ids[-1]) >= vocab_size or bool((ids[1:] <= ids[:-1]).any())):
+        raise DrafterError(f"{source}: d2t does not map the draft ids to distinct, sorted target ids below "
+                           f"{vocab_size}; export the drafter again")
+    return ids

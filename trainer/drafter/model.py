@@ -203,8 +203,10 @@ class Drafter(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02) -> None:
-        """Linear layers N(0, std), norms 1, convolutions the identity (so an untrained DFlash 2 layer
-        computes what a DFlash layer does), selector codebooks such that the walk starts as argmax."""
+        """Linear layers N(0, std), norms 1, convolutions' base kernels the identity, selector codebooks such that
+        the walk starts as argmax. The convolutions' correction projections end up N(0, std) too (the module walk
+        reaches each after its convolution zeroed it), so an untrained DFlash 2 layer is near, not exactly, a
+        DFlash layer; an upgrade from a DFlash parent zeroes them (trainer/drafter/upgrade.py)."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=std)

@@ -9,9 +9,11 @@
   (`input_embedding_scale`, a key of the reference format); otherwise their first output would drown the
   anchor's identity.
 - With `init="random"`: N(0, 0.02) layers and a unit final norm.
-Convolutions start as the identity and the selector as plain argmax either way (Drafter.reset_parameters).
-- With `init="drafter:DIR"` (a warm start): every weight is the drafter in DIR's, which must have
-  this drafter's shape exactly (`check_warm_start` names each difference and the job field that fixes it).
+Convolutions start near the identity and the selector as plain argmax either way (Drafter.reset_parameters).
+- With `init="drafter:DIR"` (a warm start): every weight is the drafter in DIR's, in any format of the field
+  (trainer/drafter/formats.py: ours, z-lab's reference format, vLLM speculators', SpecForge's, a DSpark
+  drafter's backbone), upgraded to this job's variant, block size and taps (trainer/drafter/upgrade.py); what
+  no upgrade bridges is refused (`check_warm_start` names each difference and the job field that fixes it).
   The new drafter records the new target's fingerprint; no statistics are taken (its `fc` is trained).
 """
 
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from schemas.work_files import ParentOrigin
 from trainer.data.store import Example
 from trainer.drafter.config import DrafterConfig
 from trainer.drafter.model import Drafter
@@ -78,26 +81,51 @@ class IncompatibleDrafter(DrafterError):
     code = "incompatible_drafter"
 
 
-SHAPE_FIELDS = ("variant", "hidden_size", "intermediate_size", "num_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "vocab_size", "num_target_layers", "target_layer_ids",
-                "block_size", "mask_token_id", "conv_kernel_size", "conv_group_size", "selector_rank",
-                "selector_top_k")
-"""What a warm start must share with its parent: every tensor shape and every input the weights were fitted to."""
-JOB_FIELDS = {"variant": "drafter.variant", "num_layers": "drafter.num_layers", "block_size": "drafter.block_size",
-              "target_layer_ids": "drafter.target_layer_ids", "mask_token_id": "drafter.mask_token_id"}
+JOB_FIELDS = {"variant": "drafter.variant", "num_layers": "drafter.num_layers",
+              "mask_token_id": "drafter.mask_token_id"}
+"""What a parent must share with the job, and the job field that makes it so. Everything else is upgraded
+(trainer/drafter/upgrade.py): block size, taps, DFlash to DFlash 2, the draft vocabulary, the parent's widths."""
+SHAPE_FIELDS = ("hidden_size", "vocab_size", "num_target_layers", *JOB_FIELDS)
+"""What a warm start checks, the target's three first: its drafts are read through the target's embedding and head."""
+OTHER_TARGET = ("the parent drafts for another target: give the base model's own drafter in init.from_drafter, or "
+                "train from scratch")
+
+
+def parent_target_mismatches(parent: DrafterConfig, *, hidden_size: int, vocab_size: int, num_layers: int) -> list[str]:
+    """Where the parent cannot serve a target of this hidden size, vocabulary and depth, with what fixes it."""
+    beyond = [t for t in parent.target_layer_ids if t >= num_layers]
+    problems = [f"{name} is {had!r} in the parent but {wants!r} here ({OTHER_TARGET})"
+                for name, had, wants in (("hidden_size", parent.hidden_size, hidden_size),
+                                         ("vocab_size", parent.vocab_size, vocab_size),
+                                         ("num_target_layers", parent.num_target_layers, num_layers))
+                if had != wants and not (name == "num_target_layers" and beyond)]  # the taps say it better
+    if beyond:
+        problems.append(f"target_layer_ids {list(parent.target_layer_ids)} of the parent tap layers {beyond} this "
+                        f"{num_layers}-layer target lacks (set drafter.target_layer_ids to taps below {num_layers}, "
+                        "or give the base model's own drafter in init.from_drafter)")
+    if parent.mask_token_id >= vocab_size:
+        problems.append(f"mask_token_id {parent.mask_token_id} of the parent is outside this target's vocabulary of "
+                        f"{vocab_size} (set drafter.mask_token_id, or give the base model's own drafter)")
+    return problems
 
 
 def warm_start_mismatches(parent: DrafterConfig, config: DrafterConfig) -> list[str]:
-    """Each difference between the parent's shape and this job's, with what fixes it."""
-    problems = []
-    for name in SHAPE_FIELDS:
+    """Each difference between the parent and this job that no upgrade bridges, with what fixes it."""
+    problems = parent_target_mismatches(parent, hidden_size=config.hidden_size, vocab_size=config.vocab_size,
+                                        num_layers=config.num_target_layers)
+    for name, field in JOB_FIELDS.items():
         had, wants = getattr(parent, name), getattr(config, name)
-        if had != wants:
-            had, wants = (list(v) if isinstance(v, tuple) else v for v in (had, wants))
-            fix = (f"set {JOB_FIELDS[name]} to {had!r} or train from scratch" if name in JOB_FIELDS
-                   else "the target differs in shape: train from scratch")
-            problems.append(f"{name} is {had!r} in the parent but {wants!r} here ({fix})")
-    return problems
+        if had == wants or (name == "variant" and (had, wants) == ("dflash", "dflash2")):  # DFlash 2 upgrade
+            continue
+        if name == "mask_token_id":
+            fix = f"set {field} to {had!r} or leave it unset to keep the parent's, or train from scratch"
+        elif name == "variant":
+            fix = (f"set {field} to {had!r} (a DFlash 2 parent's convolutions and selector have no DFlash form) "
+                   "or train from scratch")
+        else:
+            fix = f"set {field} to {had!r} or train from scratch"
+        problems.append(f"{name} is {had!r} in the parent but {wants!r} here ({fix})")
+    return list(dict.fromkeys(problems))
 
 
 def check_warm_start(parent: DrafterConfig, config: DrafterConfig, where: str) -> None:
@@ -106,25 +134,40 @@ def check_warm_start(parent: DrafterConfig, config: DrafterConfig, where: str) -
         raise IncompatibleDrafter(f"cannot warm-start from the drafter {where}: " + "; ".join(problems))
 
 
+@dataclass
+class UpgradedParent:
+    """A warm start's first drafter and where its parent came from (format, variant, what was upgraded or
+    dropped), for prepare.json, the report and the model card."""
+
+    drafter: Drafter
+    origin: ParentOrigin
+
+
+def start_from_parent(config: DrafterConfig, parent_dir: str) -> UpgradedParent:
+    """The parent in `parent_dir`, in any format trainer/drafter/formats.py reads, checked against this job's
+    shape `config` and upgraded to it (trainer/drafter/upgrade.py)."""
+    from trainer.drafter.formats import import_drafter
+    from trainer.drafter.upgrade import upgrade_drafter, upgrades
+
+    imported = import_drafter(parent_dir, num_target_layers=config.num_target_layers)
+    check_warm_start(imported.drafter.config, config, parent_dir)
+    origin = imported.origin.model_copy(update={"upgrades": upgrades(imported.drafter.config, config)})
+    return UpgradedParent(drafter=upgrade_drafter(imported.drafter, config), origin=origin)
+
+
 def warm_start_drafter(config: DrafterConfig, parent_dir: str) -> Drafter:
     """A drafter of `config` (this job's shape, the new target's fingerprint) holding the parent's weights."""
-    from trainer.drafter.checkpoint import load_drafter
-
-    parent = load_drafter(parent_dir)
-    check_warm_start(parent.config, config, parent_dir)
-    drafter = Drafter(config.replace(input_embedding_scale=parent.config.input_embedding_scale,
-                                     draft_vocab_size=parent.config.draft_vocab_size))
-    drafter.load_state_dict(parent.state_dict())
-    return drafter
+    return start_from_parent(config, parent_dir).drafter
 
 
 def initial_drafter(config: DrafterConfig, target: Target, examples: list[Example], mode: str, seed: int) -> Drafter:
     """The drafter training starts from (float32, CPU): statistics of the data, then `init_from_target`; or,
     with mode `drafter:DIR`, the weights of an earlier drafter (a warm start)."""
+    torch.manual_seed(seed)  # identical initial weights on every rank (a warm start's new DFlash 2 parts too)
     if mode.startswith(WARM_START_PREFIX):
         return warm_start_drafter(config, mode.removeprefix(WARM_START_PREFIX))
     stats = context_statistics(examples, target, list(config.target_layer_ids))
-    torch.manual_seed(seed)  # identical initial weights on every rank
+    torch.manual_seed(seed)
     drafter = Drafter(prepare_config(config, target, stats, mode))
     init_from_target(drafter, target, stats, mode)
     return drafter
