@@ -100,6 +100,25 @@ class JobDriver:
             run.started_at -= timedelta(seconds=seconds)
             session.commit()
 
+    def worker_went_quiet(self, job_id: str) -> None:
+        """The worker of the job's running stage died ten days ago, and a reaper pass re-queues the job: it is
+        `waiting` for a worker. The window is days long so no other test's job is reaped with it."""
+        from datetime import timedelta
+
+        from sqlalchemy import update
+
+        from domain.models import Job, StageRun, utcnow
+
+        past = utcnow() - timedelta(days=10)
+        with self.session_factory() as session:
+            session.execute(update(StageRun).where(StageRun.job_id == job_id, StageRun.status == "running")
+                            .values(heartbeat_at=past).execution_options(synchronize_session=False))
+            session.execute(update(Job).where(Job.id == job_id).values(updated_at=past)
+                            .execution_options(synchronize_session=False))
+            session.commit()
+            taken = runs.take_over_stale_jobs(session, timedelta(days=5).total_seconds())
+        assert job_id in [taken_id for taken_id, _stage in taken], taken
+
     def quick_stage(self, job_id: str, stage: str) -> None:
         self.claim(job_id, stage)
         self.event(job_id, f"{stage}: working", progress=50.0)

@@ -75,6 +75,9 @@ def test_jobs_list_filters_by_status_and_label_and_updates_live(page, dashboard)
     page.evaluate("window.__sameDocument = true")
     dashboard.driver.claim(waiting["id"], "prepare")
     expect(page.locator(f'tr[data-job-id="{waiting["id"]}"] [data-status]')).to_have_text("preparing", timeout=TIMEOUT_MS)
+    dashboard.driver.worker_went_quiet(waiting["id"])  # the API's words for the status, not its name alone
+    expect(page.locator(f'tr[data-job-id="{waiting["id"]}"] [data-status]')).to_have_text("waiting for a worker",
+                                                                                          timeout=TIMEOUT_MS)
     fresh = dashboard.create_job({"target": {"uri": "bundled:smollm2-135m"}, "name": "made by the CLI"})
     expect(page.locator(f'tr[data-job-id="{fresh["id"]}"]')).to_contain_text("made by the CLI", timeout=TIMEOUT_MS)
     assert page.evaluate("window.__sameDocument") is True
