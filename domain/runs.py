@@ -395,11 +395,10 @@ def take_over_stale_jobs(session: Session, stale_after_seconds: float) -> list[t
             update(Job).where(Job.id == job_id, Job.updated_at < cutoff)
             .values(updated_at=utcnow(), version=Job.version + 1).execution_options(synchronize_session=False)
         ).rowcount
-        if claimed:
-            _wait_for_worker(session, job_id, f"no worker took it up for {stale_after_seconds:g} s")
-        session.commit()
         if claimed and (resume := next_stage(session, job_id)) is not None:
+            _wait_for_worker(session, job_id, f"no worker took it up for {stale_after_seconds:g} s")
             taken.append((job_id, resume))
+        session.commit()
     return taken
 
 

@@ -80,3 +80,20 @@ def test_a_waiting_job_is_cancelled_at_once_and_resume_says_it_is_waiting(harnes
     cancelled = harness.client.post(f"/v1/jobs/{job_id}/cancel", headers=org.headers)
     assert cancelled.status_code == 200, cancelled.text
     assert cancelled.json()["status"] == "cancelled"  # no worker runs it, so nothing to wait for
+
+
+def test_a_job_whose_hand_over_was_lost_waits_for_a_worker_and_is_requeued_once(harness):
+    """Its stage finished and no worker took the next one up (the message between queues was lost): the same
+    `waiting`, re-queued once at the next stage."""
+    org = harness.new_org()
+    job_id = harness.create_job(org)["id"]
+    assert harness.runner.run_stage(job_id) is Stage.PREPARE  # finished; generate never starts
+    _quiet_for_an_hour(harness, job_id)
+
+    assert _reap(harness, job_id) == [(job_id, Stage.GENERATE)]
+    body = harness.client.get(f"/v1/jobs/{job_id}", headers=org.headers).json()
+    assert (body["status"], body["status_text"]) == ("waiting", "waiting for a worker")
+    _quiet_for_an_hour(harness, job_id)
+    assert _reap(harness, job_id) == []
+
+    assert harness.runner.run_to_end(job_id) is JobStatus.SUCCEEDED  # a worker takes it up at generate
