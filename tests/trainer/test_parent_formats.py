@@ -15,6 +15,7 @@ import torch
 from drafters import random_drafter
 from safetensors.torch import save_file
 from test_data import write_prompts
+from transformers import Qwen3Config
 
 from schemas.sampling import SamplingParams
 from schemas.work_files import PreparedTarget
@@ -55,8 +56,22 @@ def markov_heads(config: DrafterConfig, rank: int = 8, draft_vocab: int | None =
             f"{prefix}confidence_head.proj.bias": torch.randn(1)}
 
 
+def layer_config_diff(c: DrafterConfig) -> dict:
+    """The drafter's layer config as speculators serialises it (`to_diff_dict`): what differs from Qwen3Config's
+    defaults (rms_norm_eps, hidden_act, attention_bias ... are left out), and model_type."""
+    layer = Qwen3Config(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                        num_hidden_layers=c.num_layers, num_attention_heads=c.num_attention_heads,
+                        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+                        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+                        max_position_embeddings=c.max_position_embeddings).to_dict()
+    defaults = Qwen3Config().to_dict()
+    diff = {k: v for k, v in layer.items() if defaults.get(k) != v and k != "layer_types"}
+    assert "rms_norm_eps" not in diff and "hidden_size" in diff
+    return {**diff, "model_type": "qwen3"}
+
+
 def write_speculators(drafter, target, folder: Path, *, kind: str | None = None, draft_ids: torch.Tensor | None = None,
-                      codebooks_over_draft_vocab: bool = False) -> Path:
+                      codebooks_over_draft_vocab: bool = False, sample_from_anchor: bool = False) -> Path:
     """vLLM speculators' layout: `speculators_config`, the drafter's layers in `transformer_layer_config`, taps as
     `aux_hidden_state_layer_ids` (HF hidden_states indices: ours + 1), frozen copies of the verifier's embedding
     and (draft-vocabulary rows of its) head, `d2t`/`t2d` for a draft vocabulary, DSpark's heads for `dspark`."""
@@ -85,15 +100,10 @@ def write_speculators(drafter, target, folder: Path, *, kind: str | None = None,
         "speculators_model_type": kind, "speculators_version": "0.9.0",
         "architectures": [{"dflash": "DFlashSpeculator", "dflash2": "DFlash2Speculator",
                            "dspark": "DSparkSpeculator"}[kind]],
-        "transformer_layer_config": {
-            "model_type": "qwen3", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
-            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
-            "max_position_embeddings": c.max_position_embeddings},
+        "transformer_layer_config": layer_config_diff(c),
         "draft_vocab_size": draft_vocab_size, "block_size": c.block_size, "target_hidden_size": None,
         "aux_hidden_state_layer_ids": [t + 1 for t in c.target_layer_ids], "mask_token_id": c.mask_token_id,
-        "sliding_window_non_causal": False, "sample_from_anchor": False,
+        "sliding_window_non_causal": False, "sample_from_anchor": sample_from_anchor,
         "speculators_config": {"algorithm": kind, "default_proposal_method": "greedy",
                                "proposal_methods": [{"proposal_type": "greedy",
                                                      "speculative_tokens": c.block_size - 1}],
@@ -235,7 +245,8 @@ def test_a_speculators_draft_vocabulary_maps_its_ids_and_codebook_rows(tiny_qwen
 @pytest.mark.parametrize("writer", ["speculators", "specforge", "specforge-legacy"])
 def test_a_dspark_parent_gives_its_backbone_and_names_the_heads_it_drops(tiny_qwen3, writer, tmp_path):
     drafter = random_drafter(tiny_qwen3, "dflash")
-    folder = (write_speculators(drafter, tiny_qwen3, tmp_path / "p", kind="dspark") if writer == "speculators"
+    folder = (write_speculators(drafter, tiny_qwen3, tmp_path / "p", kind="dspark", sample_from_anchor=True)
+              if writer == "speculators"
               else write_specforge_dspark(drafter, tmp_path / "p", legacy_prefix=writer.endswith("legacy")))
     imported = import_drafter(folder, num_target_layers=tiny_qwen3.num_layers)
     assert imported.origin.variant == "dspark"
@@ -248,6 +259,8 @@ def test_a_dspark_parent_gives_its_backbone_and_names_the_heads_it_drops(tiny_qw
     assert "Markov head" in dropped[f"{prefix}markov_head.markov_w1.weight"]
     assert "confidence head" in dropped[f"{prefix}confidence_head.proj.bias"]
     same_weights(imported.drafter, drafter)
+    # speculators' DSpark default predicts from the anchor, one position ahead of our blocks: said, not hidden.
+    assert any("sample_from_anchor" in note for note in imported.origin.notes) == (writer == "speculators")
 
 
 def test_a_tensor_with_no_place_or_a_missing_part_is_an_error_naming_it(tiny_qwen3, tmp_path):

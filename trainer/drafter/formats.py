@@ -113,7 +113,19 @@ class ImportedDrafter:
 
 
 def weight_files(path: Path) -> list[Path]:
-    """The folder's safetensors weight files; refuses a folder whose weights are pickles only."""
+    """The folder's safetensors weight files: its index's shards, else model.safetensors, else every
+    *.safetensors but a draft vocabulary's. Refuses a folder whose weights are pickles only."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError) as exc:
+            raise DrafterFormatError(f"{index} has no usable weight_map: {exc}") from None
+        if any("/" in name or not (path / name).is_file() for name in names):
+            raise DrafterFormatError(f"{index} names shards that are not files of this folder")
+        return [path / name for name in names]
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
     files = sorted(f for f in path.glob("*.safetensors") if f.name != DRAFT_VOCAB_FILE)
     if files:
         return files
@@ -206,11 +218,24 @@ def refuse_unsupported(config: dict, section: dict, where: Path) -> None:
                                  "train from scratch (drop init.from_drafter)")
 
 
+def completed_layer_config(layer: dict, where: Path) -> dict:
+    """speculators writes its drafter's layer config as a diff against the config class's defaults
+    (`to_diff_dict`): the class itself fills in what was left out (a config class only, no model code)."""
+    from transformers import AutoConfig
+
+    settings = {k: v for k, v in layer.items() if k != "model_type"}
+    try:
+        return AutoConfig.for_model(layer.get("model_type", "qwen3"), **settings).to_dict()
+    except (ValueError, TypeError) as exc:
+        raise DrafterFormatError(f"drafter {where}: transformer_layer_config is not a config transformers "
+                                 f"knows: {exc}") from None
+
+
 def reference_config(config: dict, fmt: str, variant: str, shapes: dict, num_target_layers: int | None,
                      notes: list[str], where: Path) -> dict:
     """The parent's config.json in the reference form (DrafterConfig.from_hf_dict reads it): one parser for all."""
     if fmt == SPECULATORS:
-        layer = dict(config.get("transformer_layer_config") or {})
+        layer = completed_layer_config(dict(config.get("transformer_layer_config") or {}), where)
         section = dict(config.get("dflash_config") or {})
         for key in ("block_size", "mask_token_id", "draft_vocab_size", *DFLASH2_KEYS):
             if config.get(key) is not None:
