@@ -422,3 +422,28 @@ def test_the_parent_comparison_measures_a_parent_in_speculators_format(tiny_qwen
     measured = compare_with_parent(tiny_qwen3, folder, prompts, SamplingParams(max_new_tokens=8), max_new_tokens=8,
                                    tau=1.0)
     assert 1.0 <= measured["parent_tau"] <= 4.0
+
+
+def test_a_job_trains_a_dflash2_drafter_from_a_zlab_dflash_parent(tiny_qwen3, tmp_path):
+    """End to end through the stages a job runs: prepare records the origin, training starts from the upgraded
+    parent and writes a DFlash 2 drafter of the job's block size."""
+    from trainer.pipeline import Layout, RunConfig, open_job, run_stage
+
+    parent = random_drafter(tiny_qwen3, "dflash", block_size=8)
+    folder = write_zlab(parent, tmp_path / "parent")
+    config = RunConfig(target=str(tiny_qwen3.path), sampling=SamplingParams(max_new_tokens=8),
+                       prompts=str(write_prompts(tmp_path / "prompts.jsonl", n=8)), holdout=0.25, variant="dflash2",
+                       num_layers=2, block_size=4, generation_batch_size=8,
+                       train=TrainConfig(init=f"drafter:{folder}", steps=2, batch_size=2, anchors_per_sequence=4,
+                                         warmup_steps=1, checkpoint_every=1000))
+    layout = Layout.under(tmp_path / "work", tmp_path / "out")
+    job = open_job(config, layout)
+    for stage in ("prepare", "generate", "train"):
+        run_stage(stage, config, layout, job=job)
+    origin = PreparedTarget.load(layout.prepared).parent_drafter.origin
+    assert (origin.format, origin.variant) == ("z-lab", "dflash")
+    assert origin.upgrades[:2] == ["DFlash to DFlash 2: identity convolutions and an argmax selector, so its first "
+                                   "drafts are the parent's", "block size 8 to 4 (no weight depends on it)"]
+    trained = load_drafter(layout.drafter)
+    assert (trained.config.variant, trained.config.block_size) == ("dflash2", 4)
+    assert trained.config.target_layer_ids == parent.config.target_layer_ids
