@@ -231,8 +231,8 @@ def completed_layer_config(layer: dict, where: Path) -> dict:
                                  f"knows: {exc}") from None
 
 
-def reference_config(config: dict, fmt: str, variant: str, shapes: dict, num_target_layers: int | None,
-                     notes: list[str], where: Path) -> dict:
+def reference_config(config: dict, fmt: str, shapes: dict, num_target_layers: int | None, notes: list[str],
+                     where: Path) -> dict:
     """The parent's config.json in the reference form (DrafterConfig.from_hf_dict reads it): one parser for all."""
     if fmt == SPECULATORS:
         layer = completed_layer_config(dict(config.get("transformer_layer_config") or {}), where)
@@ -302,7 +302,7 @@ def read_parent(path: str | Path, *, num_target_layers: int | None = None) -> Pa
     shapes = tensor_shapes(files)
     fmt = recognise(config, set(shapes))
     variant, notes = parent_variant(set(shapes)), list[str]()
-    reference = reference_config(config, fmt, variant, shapes, num_target_layers, notes, path)
+    reference = reference_config(config, fmt, shapes, num_target_layers, notes, path)
     try:
         parsed = DrafterConfig.from_hf_dict(reference)
     except (KeyError, TypeError, ValueError) as exc:
