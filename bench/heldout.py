@@ -135,17 +135,11 @@ def paired_delta(row: dict, base: dict) -> tuple[float, float, float] | None:
 
 
 def paired_ratio(row: dict, base: dict, draws: int = 4000, seed: int = 0) -> tuple[float, float, float] | None:
-    """tau(row) / tau(base) with the paired percentile-bootstrap 95 % interval (prompts resampled together)."""
-    import random
+    """tau(row) / tau(base) with the paired percentile-bootstrap 95 % interval (prompts resampled together): the
+    statistic a warm-started job's report.json gives (trainer/validation/replay.py `paired_ratio_interval`)."""
+    from trainer.validation.replay import paired_ratio_interval
 
-    a, b = row["per_prompt"], base["per_prompt"]
-    if len(a) != len(b):
+    if len(base["per_prompt"]) != len(row["per_prompt"]):
         return None
-
-    def tau(values, picks):
-        return sum(values[i][0] for i in picks) / max(1, sum(values[i][1] for i in picks))
-
-    rng = random.Random(seed)
-    ratios = sorted(tau(a, picks) / tau(b, picks)
-                    for picks in ([rng.randrange(len(a)) for _ in a] for _ in range(draws)))
-    return row["tau"] / base["tau"], ratios[int(0.025 * draws)], ratios[min(draws - 1, int(0.975 * draws))]
+    low, high = paired_ratio_interval(row["per_prompt"], base["per_prompt"], draws=draws, seed=seed)
+    return row["tau"] / base["tau"], low, high

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from report.engine_figures import engine_html
+from report.warm_start import advice_text, before_after_rows, parent_text
 from schemas.validation_report import SamplingTest, ValidationReport
 
 MAX_METRIC_RECORDS = 1000  # enough points for a smooth curve; a 100k-step run stays a small file
@@ -114,6 +115,47 @@ def _advice(report: ValidationReport) -> str:
     text = summary[0].upper() + summary[1:] + ("" if summary.endswith(".") else ".")
     return (f'<div class="advice advice-{kind}" id="serving-advice" data-enable="{_e(json.dumps(advice.enable))}">'
             f"<strong>Serving advice from validation:</strong> {_e(text)}</div>")
+
+
+def _warm_start_advice(report: ValidationReport) -> str:
+    """A warm start's verdict on which drafter to serve (report.json `warm_start.advice`), as a banner beside
+    validation's own: keep serving the parent unless the paired gain's interval lies above 1."""
+    warm_start = report.warm_start
+    text = advice_text(warm_start) if warm_start is not None else ""
+    if not text:
+        return ""
+    kind = "warn" if warm_start.keep_parent else "ok"
+    return (f'<div class="advice advice-{kind}" id="warm-start-advice" data-advice="{_e(warm_start.advice)}">'
+            f"<strong>Warm start:</strong> {_e(text)}</div>")
+
+
+def _warm_start_section(report: ValidationReport) -> str:
+    """The parent against this drafter on the same held-out prompts, in the same serving mode: each one's tau with
+    its 95 % interval and the paired ratio with its own, at T=0 and at the job's parameters."""
+    warm_start = report.warm_start
+    if warm_start is None:
+        return ""
+    rows = before_after_rows(warm_start)
+    if not rows:  # an older report: the parent's tau alone
+        rows = [("the job's parameters", _num(warm_start.parent_tau), _num(warm_start.tau), "–")]
+    body = "\n".join(f"<tr><th scope=\"row\">{_e(setting)}</th><td>{_e(parent)}</td><td>{_e(new)}</td>"
+                      f"<td>{_e(ratio)}</td></tr>" for setting, parent, new, ratio in rows)
+    parent = parent_text(warm_start)
+    facts = f"<p>Parent: {_e(parent)}.</p>" if parent else ""
+    mode = warm_start.serving_mode or report.serving_mode
+    measured = (f"<p>Both measured on the same {_e(warm_start.prompts)} held-out prompts and seeds, in the serving "
+                f"mode: {_e(mode.summary())}.</p>" if mode is not None else "")
+    return f"""<h2>Warm start: the parent against this drafter</h2>
+{facts}{measured}
+<table class="facts" id="warm-start"><thead><tr><th>sampling</th><th>parent τ [95 %]</th><th>this drafter τ [95 %]</th>
+<th>ratio new / parent [95 %, paired]</th></tr></thead><tbody>{body}</tbody></table>"""
+
+
+def _serving_mode(report: ValidationReport) -> str:
+    mode = report.serving_mode
+    if mode is None:
+        return ""
+    return f'<p id="serving-mode">Every τ here was measured in the serving mode: {_e(mode.summary())}.</p>'
 
 
 def _tau_cards(report: ValidationReport) -> list[tuple[str, str, str]]:
@@ -245,11 +287,13 @@ def render_report_html(report: ValidationReport | Mapping | None, metrics: list[
 Written by <code>draftsmith export</code>; opens offline.</p></header>
 <main>
 {_advice(typed)}
+{_warm_start_advice(typed)}
 <h2>Summary</h2>
 <div class="cards">{summary}</div>
 <h2>Acceptance</h2>
 <div id="acceptance-position"></div>
 <div class="grid"><div id="acceptance-category"></div></div>
+{_warm_start_section(typed)}
 <h2>Lossless</h2>
 <table class="facts"><tbody>{_lossless(typed)}</tbody></table>
 <h2>Speed</h2>
@@ -259,6 +303,7 @@ Written by <code>draftsmith export</code>; opens offline.</p></header>
 <h2>Training</h2>
 <div class="grid"><div id="training-loss"></div><div id="training-positions"></div></div>
 <h2>Sampling parameters</h2>
+{_serving_mode(typed)}
 <pre>{_e(sampling)}</pre>
 </main>
 <script>{static_text("vendor/uPlot.iife.min.js")}</script>

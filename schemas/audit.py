@@ -28,7 +28,14 @@ from schemas.job_spec import (
     check_drafter_ref,
 )
 from schemas.sampling import SamplingParams
-from schemas.validation_report import CategoryAcceptance, DeviceDescription, GreedyGate, Lossless, Speedup
+from schemas.validation_report import (
+    CategoryAcceptance,
+    DeviceDescription,
+    GreedyGate,
+    Lossless,
+    ServingMode,
+    Speedup,
+)
 from schemas.work_files import LenientModel, VersionedFile
 
 KEEP_MIN_GAIN_RATIO = 0.9
@@ -173,6 +180,8 @@ class AuditResult(VersionedFile):
     target_fingerprint: str | None = None
     device: DeviceDescription | None = None
     greedy_gate: GreedyGate | None = None
+    serving_mode: ServingMode | None = Field(default=None, description="The chat-template options and sampling "
+                                             "parameters the drafter was measured in (the job's serving mode).")
     tokens_generated: int | None = None
     minutes: float | None = None
     drafter_revision: str | None = Field(default=None, description="The drafter version fetched (the worker's).")

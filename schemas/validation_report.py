@@ -18,7 +18,9 @@ which the dashboard reads (tests/test_validation_report.py keeps the two equal).
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ConfigDict, Field
@@ -178,15 +180,118 @@ class GreedyGate(_Part):
     reference: str | None = None
 
 
-class WarmStart(_Part):
-    """A warm start's parent measured on the same target and prompts (trainer/audit.py `compare_with_parent`)."""
+class ServingMode(_Part):
+    """The mode the target serves in, which its training data was regenerated in and every tau of the report was
+    measured in: the chat template's options and the sampling parameters. A drafter is never judged in a mode it
+    will not serve (acceptance collapses when thinking on/off differs between data and serving). The system prompt
+    itself is not repeated here, only whether there is one and its SHA-256."""
 
+    enable_thinking: bool | None = Field(default=None, description="Passed to the chat template; None: the "
+                                         "template's own default.")
+    has_system_prompt: bool | None = Field(default=None, description="A system prompt is prepended to every "
+                                           "conversation that has none.")
+    system_prompt_sha256: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    rendered_by: str | None = Field(default=None, description="How prompts become tokens, in regeneration and "
+                                    "validation alike.")
+
+    @classmethod
+    def of(cls, sampling: Mapping[str, Any] | None, rendered_by: str | None = None) -> ServingMode | None:
+        """The serving mode of a job's sampling parameters (SamplingParams' JSON); None when they are unknown."""
+        if sampling is None:
+            return None
+        template = sampling.get("chat_template") or {}
+        system = template.get("system_prompt")
+        mode = cls(enable_thinking=template.get("enable_thinking"), has_system_prompt=bool(system),
+                   system_prompt_sha256=hashlib.sha256(system.encode()).hexdigest() if system else None,
+                   temperature=sampling.get("temperature"), top_p=sampling.get("top_p"), top_k=sampling.get("top_k"))
+        if rendered_by is not None:
+            mode.rendered_by = rendered_by
+        return mode
+
+    def summary(self) -> str:
+        """One line for the card, report.html and the dashboard: `thinking off, system prompt 1a2b3c4d, T=0.7,
+        top-p 0.9, top-k 50`."""
+        thinking = {True: "thinking on", False: "thinking off", None: "thinking: the template's default"}
+        parts = [thinking[self.enable_thinking],
+                 f"system prompt {self.system_prompt_sha256[:8]}" if self.system_prompt_sha256 else "no system prompt"]
+        if self.temperature is not None:
+            parts.append("greedy (T=0)" if self.temperature == 0 else f"T={self.temperature:g}")
+        if self.temperature and self.top_p is not None and self.top_p < 1:
+            parts.append(f"top-p {self.top_p:g}")
+        if self.temperature and self.top_k:
+            parts.append(f"top-k {self.top_k}")
+        return ", ".join(parts)
+
+
+WARM_START_ADVICE = ("keep_parent", "serve_new")
+"""What a warm-started job says to serve: its parent, unless the paired gain's interval lies above 1."""
+
+
+class PairedGain(_Part):
+    """The new drafter against its parent at one set of sampling parameters, on the same prompts with the same
+    seeds: tau(new) / tau(parent) with a 95 % paired percentile-bootstrap interval (prompts resampled together,
+    trainer/validation/replay.py `paired_ratio_interval`)."""
+
+    temperature: float | None = None
     parent_tau: float | None = None
+    tau: float | None = None
+    ratio: float | None = Field(default=None, description="tau(new) / tau(parent).")
+    ci95: list[float] | None = Field(default=None, description="95 % paired bootstrap interval of the ratio.")
+    difference: float | None = Field(default=None, description="tau(new) - tau(parent).")
+    difference_ci95: list[float] | None = None
+    prompts: int | None = None
+    seed: int | None = None
+
+
+class WarmStartParent(_Part):
+    """Where a warm start's parent came from and what starting from it changed (prepare's record of it,
+    schemas/work_files.py `PreparedParent.origin`, where prepare wrote one)."""
+
+    name: str | None = Field(default=None, description="The parent as the job named it (init.from_drafter: a URI "
+                             "or drf_ id), else where prepare read it.")
+    format: str | None = Field(default=None, description="Its checkpoint format, recognised by content: draftsmith, "
+                               "z-lab, speculators or specforge.")
+    variant: str | None = Field(default=None, description="The parent's own method: dflash, dflash2 or dspark.")
+    architecture: str | None = None
+    upgrades: list[str] | None = Field(default=None, description="What the job changed, e.g. DFlash to DFlash 2.")
+    dropped_tensors: list[str] | None = Field(default=None, description="Parent tensors not carried over, each with "
+                                              "the reason.")
+    notes: list[str] | None = None
+
+
+class WarmStart(_Part):
+    """A warm start, before and after (trainer/validation/report.py `validate(parent=)`): the parent measured on the
+    new target's held-out prompts in the serving mode, at T=0 and at the job's temperature, beside the new drafter
+    on the same prompts, and the paired gain that decides which of the two to serve."""
+
+    parent_tau: float | None = Field(default=None, description="The parent's tau at the job's own sampling "
+                                     "parameters (the headline, like `tau`).")
     parent_tau_per_position: list[float | None] | None = None
     parent_acceptance_by_category: dict[str, CategoryAcceptance] | None = None
     tau: float | None = None
-    gain_over_parent: float | None = None
+    gain_over_parent: float | None = Field(default=None, description="tau - parent_tau.")
     prompts: int | None = None
+    parent_tau_greedy: TauAtTemperature | None = Field(default=None, description="The parent's tau at T=0.")
+    parent_tau_sampled: TauAtTemperature | None = Field(default=None, description="The parent's tau at the job's "
+                                                        "sampling parameters (the T=0 figure for a greedy job).")
+    tau_greedy: TauAtTemperature | None = Field(default=None, description="The new drafter's tau at T=0 (the "
+                                                "report's `tau_greedy`).")
+    tau_sampled: TauAtTemperature | None = None
+    gain_greedy: PairedGain | None = None
+    gain_sampled: PairedGain | None = Field(default=None, description="The paired gain at the job's parameters: "
+                                            "what `advice` follows.")
+    advice: str | None = Field(default=None, description=f"One of {', '.join(WARM_START_ADVICE)}: keep serving the "
+                               "parent unless the paired gain's interval lies above 1.")
+    advice_reason: str | None = None
+    serving_mode: ServingMode | None = None
+    parent: WarmStartParent | None = None
+
+    @property
+    def keep_parent(self) -> bool:
+        return self.advice == "keep_parent"
 
 
 class EqualCount(_Part):
@@ -307,6 +412,8 @@ class ValidationReport(_Part):
     training_objective: TrainingObjective | None = None
     device: DeviceDescription | None = None
     greedy_gate: GreedyGate | None = None
+    serving_mode: ServingMode | None = Field(default=None, description="The mode "
+                                             "every tau here was measured in: the one the target serves in.")
     warm_start: WarmStart | None = None
     engines: EngineFigures | None = None
 

@@ -54,6 +54,7 @@ from trainer.drafter.model import Drafter
 from trainer.errors import DraftsmithError
 from trainer.targets.loading import Target
 from trainer.training.init import IncompatibleDrafter
+from trainer.validation import served_prompt_ids
 
 
 def drafter_directory(path: str | Path) -> tuple[Path, Path | None]:
@@ -173,6 +174,7 @@ def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt
         target_fingerprint=target.fingerprint,
         device=report.device,
         greedy_gate=report.greedy_gate,
+        serving_mode=report.serving_mode,
         tokens_generated=validation_tokens(len(prompts), max_new_tokens, sampling_draws,
                                            every_prompt=report.greedy_gate.every_prompt,
                                            shaped_reference=report.greedy_gate.verify_width > 1).total,
@@ -199,16 +201,41 @@ def measure_tau(target: Target, drafter: Drafter, prompts: list[Prompt], params:
             "acceptance_by_category": stats.acceptance_by_category()}
 
 
-def compare_with_parent(target: Target, parent_path: str | Path, prompts: list[Prompt], params: SamplingParams, *,
-                        max_new_tokens: int, tau: float) -> dict:
-    """The parent drafter's tau on this target and these held-out prompts, beside the new drafter's."""
+def load_parent(target: Target, parent_path: str | Path) -> Drafter:
+    """A warm start's parent drafter, ready to be measured against the new target (its recorded fingerprint set
+    aside: a fine-tune moved it), or IncompatibleDrafter naming what does not fit."""
     directory, _ = drafter_directory(parent_path)
     parent = as_measured(load_drafter(directory, target.device, target.dtype, num_target_layers=target.num_layers))
     check_fits(target, parent)
-    measured = measure_tau(target, parent, prompts, params, max_new_tokens)
-    return {"parent_tau": measured["tau"], "parent_tau_per_position": measured["tau_per_position"],
-            "parent_acceptance_by_category": measured["acceptance_by_category"], "tau": tau,
-            "gain_over_parent": round(tau - measured["tau"], 4), "prompts": len(prompts)}
+    return parent
+
+
+def compare_with_parent(target: Target, parent_path: str | Path, prompts: list[Prompt], params: SamplingParams, *,
+                        max_new_tokens: int, tau: float, drafter: Drafter | None = None) -> dict:
+    """The parent drafter's tau on this target and these held-out prompts, beside the new drafter's: report.json's
+    `warm_start`. Given the new `drafter`, both are measured by validation's own passes (the same rendering in the
+    serving mode, greedy references and seeds) and the section carries the paired gains and the advice; without
+    it, the parent alone, beside the given `tau`."""
+    from trainer.validation.report import greedy_outputs, measure_acceptance
+    from trainer.validation.sampled_acceptance import parent_comparison
+
+    parent = load_parent(target, parent_path)
+    greedy = params.model_copy(update={"temperature": 0.0, "max_new_tokens": max_new_tokens})
+    rendered = served_prompt_ids(target, prompts, greedy)
+    references = greedy_outputs(target, rendered, max_new_tokens)
+    parent_zero, parent_job = measure_acceptance(target, parent, prompts, rendered, references, params,
+                                                 max_new_tokens)
+    if drafter is not None:
+        new_zero, new_job = measure_acceptance(target, drafter, prompts, rendered, references, params,
+                                               max_new_tokens)
+        return parent_comparison(new_zero, new_job, parent_zero, parent_job, params,
+                                 block_size=drafter.config.block_size, parent_block_size=parent.config.block_size)
+    headline = (parent_job or parent_zero).stats
+    parent_tau = round(headline.overall.tau, 4)
+    return {"parent_tau": parent_tau,
+            "parent_tau_per_position": [None if a is None else round(a, 4) for a in headline.overall.per_position],
+            "parent_acceptance_by_category": headline.acceptance_by_category(), "tau": tau,
+            "gain_over_parent": round(tau - parent_tau, 4), "prompts": len(prompts)}
 
 
 def audit_prompts(source: str, spec: AuditSpec) -> list[Prompt]:

@@ -36,6 +36,7 @@ def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin"
         base=base,
         target_name=spec.target.uri,
         base_name=spec.target.base,
+        parent_name=spec.init.from_drafter if spec.init is not None else None,
         sampling=spec.sampling,
         prompts=prompts,
         num_prompts=spec.data.count,

@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 from schemas import recipe
 from schemas.sampling import SamplingParams
 from schemas.stages import GENERATE_BACKENDS, LOCAL_STAGES, Stage
-from schemas.validation_report import EngineFigures, TargetDescription, TrainingObjective, ValidationReport, WarmStart
+from schemas.validation_report import (
+    EngineFigures,
+    TargetDescription,
+    TrainingObjective,
+    ValidationReport,
+    WarmStartParent,
+)
 from schemas.work_files import PreparedParent, PreparedTarget
 from trainer.atomic import atomic_write_json
 from trainer.errors import DraftsmithError, StageInterrupted
@@ -70,6 +76,8 @@ class RunConfig:
     worker's local copy; None: `target` as given)."""
     base_name: str | None = field(default=None, compare=False)
     """How the job names an adapter target's base there (a REST job: its target.base; None: `base`)."""
+    parent_name: str | None = field(default=None, compare=False)
+    """How the job names a warm start's parent there (its init.from_drafter; None: the local folder)."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompts: str = "builtin"
     """`builtin` or a local .jsonl/.parquet prompts file."""
@@ -254,6 +262,15 @@ def response_backend(name: str, target) -> Iterator[ResponseBackend | None]:
 # --- the stages --------------------------------------------------------------------------------------
 
 
+def parent_description(prepared: PreparedParent | None, name: str) -> WarmStartParent:
+    """report.json's `warm_start.parent`: the parent as the job named it, with its format and what the warm start
+    changed as prepare recorded them (an older prepare.json records none of these)."""
+    origin = getattr(prepared, "origin", None)
+    recorded = origin.to_json() if origin is not None else {}
+    fields = {key: recorded[key] for key in WarmStartParent.model_fields if key in recorded and key != "name"}
+    return WarmStartParent.read({"name": name, **fields})
+
+
 class JobStages:
     """One job's config, layout and hooks, with the target loaded once for every stage run here."""
 
@@ -398,15 +415,18 @@ class JobStages:
                 raise StageInterrupted(f"validation stopped on request ({detail})")
             self.hooks.progress(Stage.VALIDATE, 0.95 * done / total, detail)
 
+        parent = None
+        if self.config.train.parent_drafter:  # a warm start: was it worth it, on this very target, prompts and mode?
+            from trainer.audit import load_parent
+
+            parent = load_parent(self.target, self.config.train.parent_drafter)
         report = validate(self.target, drafter, holdout[:self.config.validation_prompts], self.config.sampling,
                           max_new_tokens=self.config.validation_max_new_tokens,
-                          sampling_draws=self.config.sampling_draws, on_progress=on_progress, device_plan=self.plan)
-        if self.config.train.parent_drafter:  # a warm start: was it worth it, on this very target and prompts?
-            from trainer.audit import compare_with_parent
-
-            report.warm_start = WarmStart.model_validate(compare_with_parent(
-                self.target, self.config.train.parent_drafter, holdout[:self.config.validation_prompts],
-                self.config.sampling, max_new_tokens=self.config.validation_max_new_tokens, tau=report.tau))
+                          sampling_draws=self.config.sampling_draws, on_progress=on_progress, device_plan=self.plan,
+                          parent=parent)
+        if report.warm_start is not None:
+            report.warm_start.parent = parent_description(self.prepared().parent_drafter, self.config.parent_name
+                                                          or self.config.train.parent_drafter)
         if report.passed and self.config.engines != ():  # engine figures only for a drafter that will ship
             from trainer.validation.engines import engine_step
 
@@ -423,7 +443,7 @@ class JobStages:
         require_passed(report)  # a drafter that changes the output is never exported
         summary = {"tau": report.tau, "speedup": report.speedup.ratio, "device": report.device.to_json()}
         if report.warm_start is not None:
-            summary["parent_tau"] = report.warm_start.parent_tau
+            summary.update(parent_tau=report.warm_start.parent_tau, advice=report.warm_start.advice)
         return summary
 
     def export(self) -> dict:

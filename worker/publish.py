@@ -24,9 +24,10 @@ import json
 import shutil
 from pathlib import Path
 
-from domain.artifacts import artifacts_of
+from domain.artifacts import artifact_named, artifacts_of
 from domain.models import Job
 from schemas.job_spec import HuggingFaceDestination, JobSpec, S3Destination
+from schemas.validation_report import ValidationReport
 from trainer.errors import DraftsmithError
 from worker.context import WorkerContext
 from worker.reporting import StageReporter
@@ -40,8 +41,10 @@ class PublishError(DraftsmithError):
 
 
 def publish_job(ctx: WorkerContext, job: Job, spec: JobSpec, reporter: StageReporter) -> dict:
+    advice = announce_warm_start_advice(ctx, job, reporter)
+    said = {} if advice is None else {"warm_start_advice": advice}
     if not spec.publish:
-        return {"destinations": 0}
+        return {"destinations": 0, **said}
     # Every destination judged (and its client built) before the first byte goes anywhere.
     caller = Caller(job.org_id, ctx.session_factory)
     s3_targets = {index: open_s3(destination.uri, ctx.settings, caller, what=f"publish[{index}]", write=True,
@@ -73,7 +76,27 @@ def publish_job(ctx: WorkerContext, job: Job, spec: JobSpec, reporter: StageRepo
                                f"{_scrub(_explain(exc), secrets)}") from None
         reporter.record_publication(kind=destination.kind, location=location, revision=revision, url=url)
         reporter.progress("publish", (index + 1) / len(spec.publish), f"published to {location}")
-    return {"destinations": len(spec.publish)}
+    return {"destinations": len(spec.publish), **said}
+
+
+def announce_warm_start_advice(ctx: WorkerContext, job: Job, reporter: StageReporter) -> str | None:
+    """A warm-started job's advice (report.json `warm_start.advice`: keep_parent or serve_new), said in an event
+    before anything is published: a drafter whose gain over its parent is not shown is still published (it is
+    lossless), but whoever rolls it out reads to keep serving the parent. None for a job without a parent."""
+    row = artifact_named(reporter.session, job.id, "report.json")
+    if row is None:
+        return None
+    path = ctx.job_dir(job.id) / "publish-report.json"
+    ctx.storage.get_file(row.storage_key, path)
+    warm_start = ValidationReport.load(path).warm_start
+    if warm_start is None or warm_start.advice is None:
+        return None
+    gain = warm_start.gain_sampled
+    reporter.event(f"publish: warm start: {warm_start.advice_reason or warm_start.advice}",
+                   level="warning" if warm_start.keep_parent else "info",
+                   data={"advice": warm_start.advice, "parent_tau": warm_start.parent_tau, "tau": warm_start.tau,
+                         "ratio": gain.ratio if gain else None, "ratio_ci95": gain.ci95 if gain else None})
+    return warm_start.advice
 
 
 def _artifacts_here(ctx: WorkerContext, job_id: str, reporter: StageReporter) -> Path:

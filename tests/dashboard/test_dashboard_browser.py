@@ -515,3 +515,39 @@ def test_tau_at_t0_and_at_the_jobs_temperature_show_with_their_intervals(page, d
     page.goto(f"/#/jobs/{greedy_job['id']}")
     expect(page.locator('[data-figure="tau-sampled"]')).to_contain_text("the job is greedy: the T=0 figure")
     expect(page.locator('[data-figure="tau-sampled"] .label')).to_have_text("τ at the job's T=0")
+
+
+def test_a_warm_starts_parent_and_new_tau_show_with_the_advice_to_keep_the_parent(page, dashboard):
+    report = sample_report()
+    figure = {"prompts": 12, "block_size": report["block_size"], "seed": 0, "tokens": 700, "cycles": 560}
+    warm_start = {
+        "prompts": 12, "parent_tau": 1.25, "tau": 1.3, "gain_over_parent": 0.05, "advice": "keep_parent",
+        "advice_reason": "keep serving the parent: the gain's 95 % interval does not lie above 1 (tau 1.300 vs the "
+                         "parent's 1.250 at T=0.7, ratio 1.040 [0.980, 1.100] over 12 held-out prompts)",
+        "parent_tau_greedy": {**figure, "temperature": 0.0, "tau": 1.2, "ci95": [1.1, 1.3]},
+        "tau_greedy": {**figure, "temperature": 0.0, "tau": 1.28, "ci95": [1.2, 1.35]},
+        "parent_tau_sampled": {**figure, "temperature": 0.7, "tau": 1.25, "ci95": [1.15, 1.33], "same_as_greedy": False},
+        "tau_sampled": {**figure, "temperature": 0.7, "tau": 1.3, "ci95": [1.2, 1.4], "same_as_greedy": False},
+        "gain_greedy": {"temperature": 0.0, "ratio": 1.0667, "ci95": [0.99, 1.12], "prompts": 12},
+        "gain_sampled": {"temperature": 0.7, "ratio": 1.04, "ci95": [0.98, 1.1], "prompts": 12},
+        "parent": {"name": "hf://z-lab/smollm2-dflash", "format": "z-lab", "variant": "dflash",
+                   "upgrades": ["DFlash to DFlash 2"]},
+    }
+    mode = {"enable_thinking": False, "has_system_prompt": True, "system_prompt_sha256": "ab12cd34" + "0" * 56,
+            "temperature": 0.7, "top_p": 0.9, "top_k": 0}
+    job = dashboard.create_job({"target": {"uri": "bundled:smollm2-135m"}, "name": "a specialisation"})
+    dashboard.driver.run_to_success(job["id"], {**report, "serving_mode": mode,
+                                                "warm_start": {**warm_start, "serving_mode": mode}})
+    sign_in(page, dashboard.key, f"/#/jobs/{job['id']}")
+    banner = page.locator("#warm-start-advice")
+    expect(banner).to_have_attribute("data-advice", "keep_parent")
+    expect(banner).to_contain_text("Warm start: Keep serving the parent: the gain's 95 % interval does not lie above 1")
+    rows = page.locator("#warm-start-table tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0)).to_contain_text("T=0 (greedy)")
+    expect(rows.nth(0).locator("[data-parent-tau]")).to_have_text("1.2 [1.1, 1.3]")
+    expect(rows.nth(1).locator("[data-new-tau]")).to_have_text("1.3 [1.2, 1.4]")
+    expect(rows.nth(1).locator("[data-ratio]")).to_have_text("1.04× [0.98, 1.1]")
+    expect(page.locator("#warm-start-parent")).to_contain_text("hf://z-lab/smollm2-dflash, z-lab format, dflash")
+    expect(page.locator("#serving-mode")).to_contain_text("thinking off, system prompt ab12cd34, T=0.7, top-p 0.9")
+    assert_accessible(page, "a warm start's before and after")

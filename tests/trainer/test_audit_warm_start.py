@@ -14,7 +14,8 @@ from test_data import write_prompts
 from tiny_targets import make_tiny_target
 
 from schemas.audit import AuditResult, AuditThresholds
-from schemas.sampling import SamplingParams
+from schemas.sampling import ChatTemplateOptions, SamplingParams
+from schemas.validation_report import ValidationReport
 from trainer.audit import audit_drafter, recommend
 from trainer.data.prompts import load_prompts, split_prompts
 from trainer.drafter.checkpoint import load_drafter
@@ -144,6 +145,19 @@ def test_a_warm_start_begins_from_the_parent_weights_and_beats_it_on_the_new_tar
     comparison = report["warm_start"]
     assert comparison["tau"] == report["tau"] and comparison["prompts"] == 6
     assert report["tau"] > comparison["parent_tau"]  # trained for the new target, on its data
+    # Before and after on the same prompts: the new drafter's figures are the report's own, the parent's carry
+    # their intervals, and the advice follows the paired gain's interval (a greedy job: T=0 is its temperature).
+    assert comparison["tau_greedy"] == report["tau_greedy"]
+    assert comparison["parent_tau_greedy"]["tau"] == comparison["parent_tau"]
+    low, high = comparison["parent_tau_greedy"]["ci95"]
+    assert low <= comparison["parent_tau"] <= high
+    assert comparison["parent_tau_sampled"]["same_as_greedy"] is True
+    gain = comparison["gain_sampled"]
+    assert gain == comparison["gain_greedy"] and gain["ratio"] == round(report["tau"] / comparison["parent_tau"], 4)
+    assert gain["ci95"][0] <= gain["ratio"] <= gain["ci95"][1]
+    assert comparison["advice"] == ("serve_new" if gain["ci95"][0] > 1 else "keep_parent")
+    assert comparison["parent"]["name"] == str(parent)
+    assert comparison["serving_mode"] == report["serving_mode"]
     warm = load_drafter(layout.drafter)
     assert warm.config.target_fingerprint == load_target(world["tuned"]).fingerprint  # re-recorded
 
@@ -182,3 +196,43 @@ def test_draftsmith_audit_runs_the_same_audit_here_and_names_a_mismatch(world, a
     result = CliRunner().invoke(cli, [*common, "--drafter", str(world["layout"].drafter), "--target", str(wide)])
     assert result.exit_code == 4
     assert "incompatible_drafter" in result.stderr and "hidden size 64 != target's 32" in result.stderr
+
+
+def test_a_warm_start_served_with_sampling_and_a_system_prompt_is_judged_in_that_mode(world):
+    """Regenerated, trained, and judged (parent and new drafter alike) at the served temperature with the served
+    system prompt; report.json, report.html and the model card say so, and say which drafter to serve."""
+    from report.html import render_report_html
+    from trainer.export.model_card import _serving_mode_line, _warm_start
+    from trainer.validation.report import SamplingInconclusive
+
+    served = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=16,
+                            chat_template=ChatTemplateOptions(enable_thinking=False, system_prompt="Be brief."))
+    parent = world["layout"].drafter
+    config = dataclasses.replace(small_config(world["tuned"], world["prompts"], steps=20, init=f"drafter:{parent}"),
+                                 sampling=served, engines=())
+    layout = Layout.under(world["root"] / "served-run", world["root"] / "served-run" / "out")
+    job = open_job(config, layout)
+    for stage in STAGES[:-1]:
+        run_stage(stage, config, layout, job=job)
+    try:
+        run_stage("validate", config, layout, job=job)
+    except SamplingInconclusive:  # the tiny fine-tune answers near-deterministically: little for the test to test
+        pass  # report.json is written before the verdict, with every figure below
+    report = ValidationReport.load(layout.report)
+    warm = report.warm_start
+    assert report.serving_mode.has_system_prompt and report.serving_mode.enable_thinking is False
+    assert report.serving_mode.temperature == 0.7 and warm.serving_mode == report.serving_mode
+    assert warm.parent_tau_greedy.temperature == 0.0 and warm.parent_tau_sampled.temperature == 0.7
+    assert warm.parent_tau_sampled.same_as_greedy is False and warm.parent_tau == warm.parent_tau_sampled.tau
+    assert warm.tau_sampled.to_json() == report.tau_sampled.to_json() and warm.tau == report.tau
+    assert warm.gain_sampled.temperature == 0.7 and warm.gain_greedy.temperature == 0.0
+    assert warm.advice == ("serve_new" if warm.gain_sampled.ci95[0] > 1 else "keep_parent")
+
+    card = _serving_mode_line(report) + _warm_start(report)
+    page = render_report_html(report, [])
+    mode = report.serving_mode.summary()
+    assert f"every tau below measured, in this mode: {mode}" in card
+    assert "## Warm start: the parent against this drafter" in card and f"`{parent}`" in card
+    verdict = "**Keep serving the parent:**" if warm.keep_parent else "**Serve this drafter:**"
+    assert verdict in card and "| T=0.7, top-p 0.9, top-k 0 (the job's) |" in card
+    assert f'data-advice="{warm.advice}"' in page and 'id="warm-start"' in page and mode in page

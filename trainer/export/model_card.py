@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from report.engine_figures import engine_markdown, headline_engine_rows
+from report.warm_start import advice_text, before_after_rows, parent_text
 from schemas.bounds import file_uri_path
 from schemas.job_spec import BUNDLED_TABLE
 from schemas.validation_report import (
@@ -55,6 +56,35 @@ def _figures(report: ValidationReport | None) -> str:
         lines += ["", "Acceptance by prompt category:", "", "| category | tau | cycles |", "|---|---|---|"]
         lines += [f"| {name} | {v.tau} | {v.cycles} |" for name, v in categories.items()]
     return "\n".join(lines) + "\n"
+
+
+def _warm_start(report: ValidationReport | None) -> str:
+    """The card's warm-start section: the parent's origin and format, which drafter to serve, and the parent
+    against this drafter on the same held-out prompts in the serving mode (report.json `warm_start`)."""
+    warm_start = report.warm_start if report else None
+    if warm_start is None:
+        return ""
+    lines = ["## Warm start: the parent against this drafter", ""]
+    parent = parent_text(warm_start)
+    if parent:
+        lines += [f"Started from the parent drafter {parent}.", ""]
+    advice = advice_text(warm_start)
+    if advice:
+        lines += [f"**{'Keep serving the parent' if warm_start.keep_parent else 'Serve this drafter'}:** {advice}", ""]
+    rows = before_after_rows(warm_start) or [("the job's parameters", str(warm_start.parent_tau), str(warm_start.tau),
+                                              "–")]
+    mode = warm_start.serving_mode or report.serving_mode
+    where = f", in the serving mode ({mode.summary()})" if mode is not None else ""
+    lines += [f"Both measured on the same {warm_start.prompts} held-out prompts of this target{where}; tau with its "
+              "95 % interval, the ratio with its paired bootstrap interval.", "",
+              "| sampling | parent tau | this drafter tau | ratio new / parent |", "|---|---|---|---|"]
+    lines += [f"| {setting} | {parent_tau} | {tau} | {ratio} |" for setting, parent_tau, tau, ratio in rows]
+    return "\n".join(lines) + "\n\n"
+
+
+def _serving_mode_line(report: ValidationReport | None) -> str:
+    mode = report.serving_mode if report else None
+    return f"\nIts data was regenerated, and every tau below measured, in this mode: {mode.summary()}.\n" if mode else ""
 
 
 def _tau_rows(report: ValidationReport) -> list[str]:
@@ -195,11 +225,11 @@ output identical to the target's alone (greedy) and distributed exactly like it 
 ```json
 {sampling}
 ```
-
+{_serving_mode_line(report)}
 ## Validation
 
 {_figures(report)}
-## Measured in serving engines
+{_warm_start(report)}## Measured in serving engines
 
 {engine_markdown(engines)}
 ## Serving

@@ -347,7 +347,7 @@ def engine_step(target, drafter_dir: Path, prompts: list, params, *, work_dir: P
     """Validation's engine step on held-out `prompts` (trainer.data.prompts.Prompt): renders them with the job's
     chat template, decodes them with our float32 target as the reference, and runs `run_engines`."""
     from trainer.speculative import SpeculativeDecoder
-    from trainer.targets.chat import render_prompt
+    from trainer.validation import served_prompt_ids
 
     found = {"llama.cpp": engine_paths.llama_cpp_bin(), "vllm": engine_paths.vllm_python()}
     wanted = ENGINES if engines is None else tuple(engines)
@@ -356,7 +356,7 @@ def engine_step(target, drafter_dir: Path, prompts: list, params, *, work_dir: P
     if getattr(target, "adapter_path", None) is not None:  # its folder is the base (see `_adapter_skipped`)
         return {"skipped": [ADAPTER_SKIP], "rows": []}
     greedy = params.model_copy(update={"temperature": 0.0, "max_new_tokens": max_new_tokens})
-    rendered = [render_prompt(target.tokenizer, list(p.messages), params.chat_template) for p in prompts[:num_prompts]]
+    rendered = served_prompt_ids(target, prompts[:num_prompts], greedy)
     plain = SpeculativeDecoder(target)
     reference = [plain.generate(ids, greedy).tokens for ids in rendered]
     with tempfile.TemporaryDirectory(prefix="draftsmith-engines-") as scratch:

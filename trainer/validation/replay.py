@@ -15,6 +15,7 @@ they can differ in the last float bits: tests/trainer/test_replay.py checks equa
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +25,8 @@ from schemas.sampling import SamplingParams
 from trainer.data.prompts import Prompt
 from trainer.drafter.model import Drafter, DrafterCache
 from trainer.speculative import Cycle, SpeculativeDecoder
-from trainer.targets.chat import render_prompt
 from trainer.targets.loading import Target
+from trainer.validation import served_prompt_ids
 from trainer.validation.acceptance import CategoryStats
 
 
@@ -49,8 +50,7 @@ def greedy_references(target: Target, prompts: list[Prompt], params: SamplingPar
     plain = SpeculativeDecoder(target)
     greedy = params.model_copy(update={"temperature": 0.0, "max_new_tokens": max_new_tokens})
     references = []
-    for prompt in prompts:
-        ids = render_prompt(target.tokenizer, list(prompt.messages), params.chat_template)
+    for prompt, ids in zip(prompts, served_prompt_ids(target, prompts, greedy), strict=True):
         tokens = ids + plain.generate(ids, greedy).tokens
         _, taps = target.forward(torch.tensor([tokens], device=target.device), tap_layer_ids=list(tap_layer_ids))
         references.append(GreedyReference(prompt.id, prompt.category, len(ids), tokens, max_new_tokens,
@@ -148,16 +148,32 @@ def bootstrap_interval(per_prompt: list[tuple[int, int]], baseline: list[tuple[i
                        draws: int = 4000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap over prompts of tau (= total emitted / total cycles), or, given a baseline
     measured on the same prompts, of the paired difference tau - tau_baseline."""
+
+    def statistic(picks: list[int]) -> float:
+        tau = _tau(per_prompt, picks)
+        return tau if baseline is None else tau - _tau(baseline, picks)
+
+    return _percentile_bootstrap(statistic, len(per_prompt), draws, level, seed)
+
+
+def paired_ratio_interval(per_prompt: list[tuple[int, int]], baseline: list[tuple[int, int]], draws: int = 4000,
+                          level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap of tau / tau_baseline, the two measured on the same prompts and resampled together (so
+    a prompt's difficulty cancels in the ratio)."""
+    if len(per_prompt) != len(baseline):
+        raise ValueError(f"a paired interval needs the same prompts: {len(per_prompt)} != {len(baseline)}")
+    return _percentile_bootstrap(lambda picks: _tau(per_prompt, picks) / _tau(baseline, picks), len(per_prompt),
+                                 draws, level, seed)
+
+
+def _tau(per_prompt: list[tuple[int, int]], picks: list[int]) -> float:
+    return sum(per_prompt[i][0] for i in picks) / max(1, sum(per_prompt[i][1] for i in picks))
+
+
+def _percentile_bootstrap(statistic: Callable[[list[int]], float], count: int, draws: int, level: float,
+                          seed: int) -> tuple[float, float]:
     rng = random.Random(seed)
-    count = len(per_prompt)
-    values = []
-    for _ in range(draws):
-        picks = [rng.randrange(count) for _ in range(count)]
-        tau = sum(per_prompt[i][0] for i in picks) / max(1, sum(per_prompt[i][1] for i in picks))
-        if baseline is not None:
-            tau -= sum(baseline[i][0] for i in picks) / max(1, sum(baseline[i][1] for i in picks))
-        values.append(tau)
-    values.sort()
+    values = sorted(statistic([rng.randrange(count) for _ in range(count)]) for _ in range(draws))
     low = values[int((1 - level) / 2 * draws)]
     high = values[min(draws - 1, int((1 + level) / 2 * draws))]
     return low, high

@@ -49,21 +49,27 @@ import torch
 
 from schemas.sampling import SamplingParams
 from schemas.validation_plan import REFERENCE_BATCH, SAMPLED_TOKENS_PER_DRAW, gated_prompt_count, timed_prompt_count
-from schemas.validation_report import REPORT_VERSION, ValidationReport
+from schemas.validation_report import REPORT_VERSION, ServingMode, ValidationReport
 from trainer.data.prompts import Prompt
 from trainer.device import DevicePlan, plan_of, synchronize
 from trainer.drafter.model import Drafter, DrafterCache
 from trainer.errors import DraftsmithError
 from trainer.speculative import SpeculativeDecoder
-from trainer.targets.chat import render_prompt
 from trainer.targets.loading import Target
-from trainer.validation import SAMPLING_DRAWS, SAMPLING_PROMPTS, VALIDATION_MAX_NEW_TOKENS
+from trainer.validation import (
+    RENDERED_BY,
+    SAMPLING_DRAWS,
+    SAMPLING_PROMPTS,
+    VALIDATION_MAX_NEW_TOKENS,
+    served_prompt_ids,
+)
 from trainer.validation.acceptance import AcceptanceStats, CategoryStats
 from trainer.validation.replay import GreedyReference, replay_greedy
 from trainer.validation.sampled_acceptance import (
     GREEDY_REPLAY,
     SPECULATIVE_SAMPLING,
     MeasuredAcceptance,
+    parent_comparison,
     sampled_acceptance,
     tau_figures,
 )
@@ -122,10 +128,12 @@ class _Progress:
 
 
 @torch.inference_mode()
-def greedy_outputs(target: Target, rendered: list[list[int]], max_new_tokens: int, progress: _Progress) -> list[list[int]]:
+def greedy_outputs(target: Target, rendered: list[list[int]], max_new_tokens: int,
+                   progress: _Progress | None = None) -> list[list[int]]:
     """The target's greedy answer to every prompt, REFERENCE_BATCH prompts at a time."""
     from trainer.data.regenerate import generate_batch
 
+    progress = progress or _Progress(len(rendered), None)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     outputs: list[list[int]] = []
     for start in range(0, len(rendered), REFERENCE_BATCH):
@@ -138,10 +146,11 @@ def greedy_outputs(target: Target, rendered: list[list[int]], max_new_tokens: in
 def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: SamplingParams, *,
              max_new_tokens: int = VALIDATION_MAX_NEW_TOKENS, sampling_draws: int = SAMPLING_DRAWS,
              sampling_prompts: int = SAMPLING_PROMPTS,
-             on_progress: Progress | None = None, device_plan: DevicePlan | None = None) -> ValidationReport:
+             on_progress: Progress | None = None, device_plan: DevicePlan | None = None,
+             parent: Drafter | None = None) -> ValidationReport:
     """The validation report of `drafter` on `prompts` (module docstring: what is measured, and how), as
     report.json's model (schemas/validation_report.py; `.to_json()` is the file's object). `device_plan`: where the
-    target was loaded (trainer/device.py), recorded in the report; None: read off the target."""
+    target was loaded (trainer/device.py); None: read off the target. `parent`: a warm start's (`before_and_after`)."""
     check_compatible(target, drafter)
     block_size = drafter.config.block_size
     greedy = params.model_copy(update={"temperature": 0.0, "max_new_tokens": max_new_tokens})
@@ -150,12 +159,14 @@ def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: Sa
     gated = gated_prompt_count(len(prompts), every_prompt=every_prompt)
     sampled_prompts = min(sampling_prompts, len(prompts))
     # Units: reference prompts, acceptance prompts (again at a sampling job's T), block sizes, gated, sampling prompts.
-    progress = _Progress(len(prompts) * (2 if params.greedy else 3) + block_size + gated + sampled_prompts, on_progress)
-    rendered = [render_prompt(target.tokenizer, list(p.messages), params.chat_template) for p in prompts]
-
+    acceptance = len(prompts) * (1 if params.greedy else 2) * (1 if parent is None else 2)  # again for a parent
+    progress = _Progress(len(prompts) + acceptance + block_size + gated + sampled_prompts, on_progress)
+    rendered = served_prompt_ids(target, prompts, greedy)
     references = greedy_outputs(target, rendered, max_new_tokens, progress)
     at_zero, at_job = measure_acceptance(target, drafter, prompts, rendered, references, params, max_new_tokens,
                                          progress)
+    parent_figures = None if parent is None else before_and_after(target, parent, prompts, rendered, references, params,
+                                                              max_new_tokens, progress, (at_zero, at_job), block_size)
     overall: AcceptanceStats = (stats := (at_job or at_zero).stats).overall  # headline: at the job's parameters
     costs = measure_step_costs(target, drafter, rendered[0],
                                on_each=lambda: progress.step(detail="draft and verify cost per block size"))
@@ -197,12 +208,7 @@ def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: Sa
         expected_tau_by_block_size=expected_tau,
         recommended_block_size=recommended,
         estimated_speedup_by_block_size={b: round(v, 3) for b, v in speedups.items()},
-        step_costs_ms={
-            "verify": {b: round(v * 1000, 2) for b, v in costs["verify"].items()},
-            "draft": {b: round(v * 1000, 2) for b, v in costs["draft"].items()},
-            "draft_vocab_size": costs["draft_vocab_size"], "repeats": costs["repeats"],
-            "threads": torch.get_num_threads(),
-        },
+        step_costs_ms=step_costs_figure(costs),
         lossless={
             "greedy": {**greedy_check, "block_size": recommended},
             "sampling": {**sampling, "alpha": SAMPLING_ALPHA, "passed": sampling_passed, "block_size": recommended},
@@ -214,7 +220,30 @@ def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: Sa
         target_fingerprint=target.fingerprint,
         device=(device_plan or plan_of(target.device, target.dtype)).describe(),
         greedy_gate=gate,
+        serving_mode=ServingMode.of(params.model_dump(mode="json"), RENDERED_BY),
+        **({} if parent_figures is None else {"warm_start": parent_figures}),
     )
+
+
+def before_and_after(target: Target, parent: Drafter, prompts: list[Prompt], rendered: list[list[int]],
+                     references: list[list[int]], params: SamplingParams, max_new_tokens: int, progress: _Progress,
+                     new: tuple[MeasuredAcceptance, MeasuredAcceptance | None], block_size: int) -> dict:
+    """report.json's `warm_start`: the parent measured in the same serving mode, on the same rendered prompts,
+    greedy references and seeds as the new drafter's `new` (at T=0, at the job's parameters), and the two paired."""
+    check_compatible(target, parent)
+    parent_zero, parent_job = measure_acceptance(target, parent, prompts, rendered, references, params,
+                                                 max_new_tokens, progress, who="the parent's acceptance")
+    comparison = parent_comparison(*new, parent_zero, parent_job, params, block_size=block_size,
+                                   parent_block_size=parent.config.block_size)
+    return {**comparison, "serving_mode": ServingMode.of(params.model_dump(mode="json"), RENDERED_BY)}
+
+
+def step_costs_figure(costs: dict) -> dict:
+    """report.json's `step_costs_ms` from `measure_step_costs`' seconds."""
+    return {"verify": {b: round(v * 1000, 2) for b, v in costs["verify"].items()},
+            "draft": {b: round(v * 1000, 2) for b, v in costs["draft"].items()},
+            "draft_vocab_size": costs["draft_vocab_size"], "repeats": costs["repeats"],
+            "threads": torch.get_num_threads()}
 
 
 def greedy_gate(target: Target, block_size: int, prompts: int, every_prompt: bool) -> dict:
@@ -234,11 +263,13 @@ def greedy_gate(target: Target, block_size: int, prompts: int, every_prompt: boo
 
 def measure_acceptance(target: Target, drafter: Drafter, prompts: list[Prompt], rendered: list[list[int]],
                        references: list[list[int]], params: SamplingParams, max_new_tokens: int,
-                       progress: _Progress) -> tuple[MeasuredAcceptance, MeasuredAcceptance | None]:
+                       progress: _Progress | None = None, who: str = "acceptance") -> tuple[MeasuredAcceptance,
+                                                                                    MeasuredAcceptance | None]:
     """Acceptance at the trained block size: (at T=0, replayed against the references; at the job's own sampling
     parameters, sampled with the real decoder, or None for a greedy job, whose figure is the T=0 one). Replay runs
     the drafter, not the target's verify passes: a sampling job's T=0 figure costs about a quarter of its sampled one
     and decodes no target token (validation_plan's token counts hold)."""
+    progress = progress or _Progress(len(prompts) * 2, None)
     greedy = MeasuredAcceptance(CategoryStats(drafter.config.block_size))
     decoder = SpeculativeDecoder(target, drafter, record_candidates=True)
     taps = list(drafter.config.target_layer_ids)
@@ -249,13 +280,13 @@ def measure_acceptance(target: Target, drafter: Drafter, prompts: list[Prompt], 
         reference = GreedyReference(prompt.id, prompt.category, len(ids), ids + response, max_new_tokens,
                                     context[0].float().cpu(), tuple(taps))
         greedy.add(prompt.category, response, replay_greedy(target, drafter, reference, decoder=decoder))
-        progress.step(detail=f"acceptance at T=0 on {index + 1}/{len(prompts)} prompts")
+        progress.step(detail=f"{who} at T=0 on {index + 1}/{len(prompts)} prompts")
     if params.greedy:
         return greedy, None
     serving = params.model_copy(update={"max_new_tokens": max_new_tokens})
 
     def each(index: int) -> None:
-        progress.step(detail=f"acceptance at T={params.temperature} on {index + 1}/{len(prompts)} prompts")
+        progress.step(detail=f"{who} at T={params.temperature} on {index + 1}/{len(prompts)} prompts")
 
     return greedy, sampled_acceptance(target, drafter, prompts, serving, rendered=rendered, on_each=each)
 

@@ -25,15 +25,14 @@ from trainer.data.prompts import Prompt
 from trainer.drafter.model import Drafter
 from trainer.sampling import seeded_generator
 from trainer.speculative import SpeculativeDecoder
-from trainer.targets.chat import render_prompt
 from trainer.targets.loading import Target
+from trainer.validation import served_prompt_ids
 from trainer.validation.acceptance import CategoryStats
-from trainer.validation.replay import bootstrap_interval
+from trainer.validation.replay import bootstrap_interval, paired_ratio_interval
 
 SPECULATIVE_SAMPLING = ("speculative sampling at the job's parameters: the real decoder, rejection sampling against "
                         "the target (trainer/validation/sampled_acceptance.py)")
 GREEDY_REPLAY = "replay of the target's greedy output (trainer/validation/replay.py)"
-
 
 @dataclass
 class MeasuredAcceptance:
@@ -61,7 +60,7 @@ def sampled_acceptance(target: Target, drafter: Drafter, prompts: list[Prompt], 
     prompt i (a caller's progress and cancel poll)."""
     decoder = SpeculativeDecoder(target, drafter.eval(), block_size)
     if rendered is None:
-        rendered = [render_prompt(target.tokenizer, list(p.messages), params.chat_template) for p in prompts]
+        rendered = served_prompt_ids(target, prompts, params)
     measured = MeasuredAcceptance(CategoryStats(decoder.block_size))
     for index, (prompt, ids) in enumerate(zip(prompts, rendered, strict=True)):
         got = decoder.generate(ids, params, generator=seeded_generator(params.seed + index, target.device))
@@ -100,3 +99,60 @@ def tau_figures(greedy: list[tuple[int, int]], sampled: list[tuple[int, int]] | 
         return {"tau_greedy": greedy_figure, "tau_sampled": same}
     sampled_figure = tau_figure(sampled, params, block_size=block_size, measured_by=SPECULATIVE_SAMPLING)
     return {"tau_greedy": greedy_figure, "tau_sampled": {**sampled_figure, "same_as_greedy": False}}
+
+
+def paired_gain(new: list[tuple[int, int]], parent: list[tuple[int, int]], *, temperature: float,
+                seed: int) -> dict:
+    """report.json's `warm_start.gain_*` (schemas/validation_report.py `PairedGain`): the new drafter against its
+    parent, measured on the same prompts with the same seeds, as tau(new) / tau(parent) with its paired 95 %
+    bootstrap interval, and the difference with its own."""
+    tau_new = sum(e for e, _ in new) / max(1, sum(c for _, c in new))
+    tau_parent = sum(e for e, _ in parent) / max(1, sum(c for _, c in parent))
+    ratio_low, ratio_high = paired_ratio_interval(new, parent, seed=seed)
+    low, high = bootstrap_interval(new, parent, seed=seed)
+    return {"temperature": temperature, "parent_tau": round(tau_parent, 4), "tau": round(tau_new, 4),
+            "ratio": round(tau_new / tau_parent, 4), "ci95": [round(ratio_low, 4), round(ratio_high, 4)],
+            "difference": round(tau_new - tau_parent, 4), "difference_ci95": [round(low, 4), round(high, 4)],
+            "prompts": len(new), "seed": seed}
+
+
+def advice_from_gain(gain: dict) -> tuple[str, str]:
+    """(advice, why): serve the new drafter only when the paired gain's interval lies above 1; otherwise this job
+    has not shown it beats its parent, and the parent keeps serving."""
+    low, high = gain["ci95"]
+    at = "T=0" if gain["temperature"] == 0 else f"T={gain['temperature']:g}"
+    figures = (f"tau {gain['tau']:.3f} vs the parent's {gain['parent_tau']:.3f} at {at}, ratio {gain['ratio']:.3f} "
+               f"[{low:.3f}, {high:.3f}] over {gain['prompts']} held-out prompts")
+    if low > 1.0:
+        return "serve_new", f"the new drafter beats its parent: {figures}"
+    return "keep_parent", (f"keep serving the parent: the gain's 95 % interval does not lie above 1 ({figures}); "
+                           "train longer or on more of the fine-tune's traces to show a gain")
+
+
+def parent_comparison(new_greedy: MeasuredAcceptance, new_sampled: MeasuredAcceptance | None,
+                      parent_greedy: MeasuredAcceptance, parent_sampled: MeasuredAcceptance | None,
+                      params: SamplingParams, *, block_size: int, parent_block_size: int | None = None) -> dict:
+    """report.json's `warm_start` from the new drafter's and its parent's acceptance on the same prompts, at T=0
+    and (a sampling job) at the job's own parameters, with the same seeds: each one's tau with its interval, the
+    paired gains, and which drafter to serve (decided at the job's own parameters, the ones it serves at). Each drafts
+    at its own block size (`parent_block_size`: the parent's, when a warm start changed it)."""
+    new_figures = tau_figures(new_greedy.per_prompt, new_sampled and new_sampled.per_prompt, params,
+                              block_size=block_size)
+    parent_figures = tau_figures(parent_greedy.per_prompt, parent_sampled and parent_sampled.per_prompt, params,
+                                 block_size=parent_block_size or block_size)
+    gain_greedy = paired_gain(new_greedy.per_prompt, parent_greedy.per_prompt, temperature=0.0, seed=params.seed)
+    gain_sampled = (gain_greedy if new_sampled is None or parent_sampled is None else
+                    paired_gain(new_sampled.per_prompt, parent_sampled.per_prompt, temperature=params.temperature,
+                                seed=params.seed))
+    advice, reason = advice_from_gain(gain_sampled)
+    headline = (parent_sampled or parent_greedy).stats.overall
+    return {
+        "parent_tau": round(headline.tau, 4),
+        "parent_tau_per_position": [None if a is None else round(a, 4) for a in headline.per_position],
+        "parent_acceptance_by_category": (parent_sampled or parent_greedy).stats.acceptance_by_category(),
+        "tau": round((new_sampled or new_greedy).tau, 4), "gain_over_parent": gain_sampled["difference"],
+        "prompts": len(new_greedy.per_prompt),
+        "parent_tau_greedy": parent_figures["tau_greedy"], "parent_tau_sampled": parent_figures["tau_sampled"],
+        "tau_greedy": new_figures["tau_greedy"], "tau_sampled": new_figures["tau_sampled"],
+        "gain_greedy": gain_greedy, "gain_sampled": gain_sampled, "advice": advice, "advice_reason": reason,
+    }

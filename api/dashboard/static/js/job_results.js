@@ -54,6 +54,76 @@ export function adviceBanner(advice) {
     h("strong", { text: "Serving advice from validation: " }), advice.text);
 }
 
+/**
+ * A warm start's verdict on which drafter to serve (report.json `warm_start.advice`): keep serving the parent
+ * unless the paired gain's interval lies above 1. Null for a job without a parent.
+ */
+export function warmStartBanner(report) {
+  const ws = report && typeof report.warm_start === "object" ? report.warm_start : null;
+  if (!ws || (ws.advice !== "keep_parent" && ws.advice !== "serve_new")) return null;
+  const keep = ws.advice === "keep_parent";
+  const text = ws.advice_reason || (keep ? "keep serving the parent: the gain's 95 % interval does not lie above 1"
+    : "the new drafter beats its parent");
+  return h("div", { class: `advice advice-${keep ? "warn" : "ok"}`, id: "warm-start-advice", "data-advice": ws.advice },
+    h("strong", { text: "Warm start: " }), text.charAt(0).toUpperCase() + text.slice(1));
+}
+
+function withInterval(value, ci, suffix = "") {
+  if (typeof value !== "number") return "–";
+  const bounds = Array.isArray(ci) && ci.length === 2 && ci.every((v) => typeof v === "number")
+    ? ` [${fmtNum(ci[0], 3)}, ${fmtNum(ci[1], 3)}]` : "";
+  return `${fmtNum(value, 3)}${suffix}${bounds}`;
+}
+
+/** The serving mode every τ was measured in (report.json `serving_mode`), as one line. */
+function servingModeText(mode) {
+  if (!mode || typeof mode !== "object") return "";
+  const thinking = mode.enable_thinking === true ? "thinking on" : mode.enable_thinking === false ? "thinking off"
+    : "thinking: the template's default";
+  const parts = [thinking, mode.system_prompt_sha256 ? `system prompt ${String(mode.system_prompt_sha256).slice(0, 8)}` : "no system prompt"];
+  if (typeof mode.temperature === "number") parts.push(mode.temperature === 0 ? "greedy (T=0)" : `T=${mode.temperature}`);
+  if (mode.temperature && typeof mode.top_p === "number" && mode.top_p < 1) parts.push(`top-p ${mode.top_p}`);
+  if (mode.temperature && mode.top_k) parts.push(`top-k ${mode.top_k}`);
+  return parts.join(", ");
+}
+
+/**
+ * Parent τ against the new drafter's on the same held-out prompts and seeds, at T=0 and at the job's own
+ * parameters, each with its 95 % interval, and the paired ratio new / parent with its interval.
+ */
+export function warmStartSection(report) {
+  const ws = report && typeof report.warm_start === "object" ? report.warm_start : null;
+  if (!ws) return null;
+  const rows = [];
+  const gain = (g) => (g && typeof g === "object" ? g : null);
+  const figure = (f) => (f && typeof f === "object" ? f : {});
+  if (gain(ws.gain_greedy)) {
+    rows.push(["T=0 (greedy)", withInterval(figure(ws.parent_tau_greedy).tau, figure(ws.parent_tau_greedy).ci95),
+      withInterval(figure(ws.tau_greedy).tau, figure(ws.tau_greedy).ci95), withInterval(ws.gain_greedy.ratio, ws.gain_greedy.ci95, "×")]);
+  }
+  if (gain(ws.gain_sampled) && figure(ws.tau_sampled).same_as_greedy !== true) {
+    rows.push([`T=${ws.gain_sampled.temperature ?? "–"} (the job's)`,
+      withInterval(figure(ws.parent_tau_sampled).tau, figure(ws.parent_tau_sampled).ci95),
+      withInterval(figure(ws.tau_sampled).tau, figure(ws.tau_sampled).ci95), withInterval(ws.gain_sampled.ratio, ws.gain_sampled.ci95, "×")]);
+  }
+  if (!rows.length) rows.push(["the job's parameters", withInterval(ws.parent_tau), withInterval(ws.tau), "–"]);
+  const parent = ws.parent && typeof ws.parent === "object" ? ws.parent : {};
+  const origin = [parent.name, parent.format ? `${parent.format} format` : null, parent.variant].filter(Boolean).join(", ");
+  const mode = servingModeText(ws.serving_mode || report.serving_mode);
+  return h("section", { id: "warm-start", "aria-label": "Warm start" },
+    h("h3", { text: "Warm start: the parent against this drafter" }),
+    origin ? h("p", { class: "muted", id: "warm-start-parent", text: `Parent: ${origin}` +
+      (Array.isArray(parent.upgrades) && parent.upgrades.length ? `; upgraded: ${parent.upgrades.join("; ")}` : "") +
+      (Array.isArray(parent.dropped_tensors) && parent.dropped_tensors.length ? `; dropped: ${parent.dropped_tensors.join("; ")}` : "") }) : null,
+    mode ? h("p", { class: "muted", text: `Both measured on the same ${ws.prompts ?? "–"} held-out prompts, in the serving mode: ${mode}.` }) : null,
+    h("table", { class: "facts", id: "warm-start-table" },
+      h("thead", {}, h("tr", {}, ["sampling", "parent τ [95 %]", "new τ [95 %]", "new / parent [95 %, paired]"]
+        .map((t) => h("th", { scope: "col", text: t })))),
+      h("tbody", {}, rows.map(([setting, parentTau, tau, ratio]) => h("tr", {},
+        h("th", { scope: "row", text: setting }), h("td", { "data-parent-tau": "", text: parentTau }),
+        h("td", { "data-new-tau": "", text: tau }), h("td", { "data-ratio": "", text: ratio }))))));
+}
+
 function samplingCell(sampling) {
   const status = samplingStatus(sampling);
   if (status === "inconclusive") { // it tested nothing: never shown as a pass
@@ -139,9 +209,12 @@ export function renderReport(container, report, artifactName, schema = null) {
       h("tr", {}, h("th", { scope: "row", text: "sampling test" }), h("td", { "data-sampling": samplingStatus(sampling) }, samplingCell(sampling))),
       h("tr", {}, h("th", { scope: "row", text: "method" }), h("td", { text: sampling.test || "–" })),
       h("tr", {}, h("th", { scope: "row", text: "speed measured with" }), h("td", { text: speed.decoding || "–" }))));
+  const mode = servingModeText(r.serving_mode);
   replace(container, h("h2", { text: "Validation" }),
     h("p", { class: "muted", text: `From ${artifactName}.` }),
-    versionNote ? h("p", { class: "muted", id: "report-version", text: versionNote }) : null, cards, charts, lossless);
+    versionNote ? h("p", { class: "muted", id: "report-version", text: versionNote }) : null,
+    mode ? h("p", { class: "muted", id: "serving-mode", text: `Every τ measured in the serving mode: ${mode}.` }) : null,
+    cards, warmStartSection(r), charts, lossless);
   const run = [{ label: "this drafter", report: r }];
   const position = h("div", { class: "ds-wide" });
   const category = h("div");
@@ -227,7 +300,7 @@ export function resultsPanels({ adviceBox, artifacts, report, serving }, jobId) 
     if (reportArtifact && reportArtifact.sha256 !== reportSha) {
       const [loaded, schema] = await Promise.all([loadReport(jobId, reportArtifact), loadReportSchema()]);
       advice = headline(loaded).advice;
-      replace(adviceBox, adviceBanner(advice));
+      replace(adviceBox, adviceBanner(advice), warmStartBanner(loaded));
       renderReport(report, loaded, reportArtifact.name, schema);
       reportSha = reportArtifact.sha256;
     }
