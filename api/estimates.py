@@ -126,7 +126,7 @@ def _preset_estimates(spec: JobSpec, gpu_class: str | None, gpu_count: int, para
     for name in ("cpu", "gpu"):
         # The preset plans time, so it is sized by the active parameters.
         preset = choose_preset(name, gpu_count=gpu_count, target_parameters_billion=active_b,
-                               source_prompts=uploaded_prompts)
+                               source_prompts=uploaded_prompts, warm_start=spec.init is not None)
         laid, applied = with_preset(spec, preset.fields)
         priced = estimate_job(laid, gpu_class=gpu_class, gpu_count=gpu_count, target_parameters_billion=params_b,
                               uploaded_prompts=uploaded_prompts, with_presets=False,

@@ -435,8 +435,9 @@ class JobSpec(StrictModel):
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     compute: ComputeSpec = Field(default_factory=ComputeSpec)
     init: InitSpec | None = Field(
-        default=None, description="Warm start: begin from an earlier drafter's weights instead of a random start "
-        "(usually with a smaller training.max_steps). Null: train from scratch.")
+        default=None, description="Warm start: begin from an earlier drafter's weights instead of a random start. "
+        f"Its training budget defaults to {recipe.WARM_START_BUDGET_SHARE:g} of a from-scratch job's (steps, "
+        "minutes, the same warm-up share); training fields the job gives are kept. Null: train from scratch.")
     publish: list[PublishDestination] = Field(
         default_factory=list, max_length=8, description="Where to publish artifacts besides Draftsmith storage."
     )
@@ -445,6 +446,25 @@ class JobSpec(StrictModel):
         description=f"Up to {MAX_LABELS} labels; keys match [a-z0-9][a-z0-9_.-]{{0,62}}, "
         f"values are printable text up to {MAX_LABEL_VALUE} characters. Filter jobs with ?label=key:value.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _specialisation_budget(cls, data: object) -> object:
+        """A warm start's training defaults are a share of a from-scratch job's (schemas/presets.py
+        `specialisation_budget`); what the body gives wins. The warm-up share follows the steps only when the
+        body sets neither."""
+        if not isinstance(data, dict) or data.get("init") is None:
+            return data
+        training = data.get("training")
+        if training is not None and not isinstance(training, dict):
+            return data  # a TrainingBudget built in code: its values are the caller's
+        from schemas.presets import specialisation_budget
+
+        given = dict(training or {})
+        budget = {name.removeprefix("training."): value for name, value in specialisation_budget().items()}
+        if "max_steps" in given or "warmup_share" in given:
+            del budget["warmup_share"]
+        return {**data, "training": {**budget, **given}}
 
     @field_validator("labels")
     @classmethod

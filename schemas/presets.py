@@ -83,13 +83,28 @@ def resolve_preset_name(requested: str, gpu_count: int) -> Literal["cpu", "gpu"]
 
 def choose_preset(requested: str = "auto", *, gpu_count: int, target_parameters_billion: float | None = None,
                   budget_minutes: float | None = None, source_prompts: int | None = None,
-                  holdout_share: float = recipe.HOLDOUT_SHARE) -> Preset:
+                  holdout_share: float = recipe.HOLDOUT_SHARE, warm_start: bool = False) -> Preset:
     """The preset for `requested` on a machine with `gpu_count` GPUs the job trains on (module docstring).
 
     `target_parameters_billion`: the target's size (None: recipe.GPU_ASSUMED_TARGET_B); `budget_minutes`: the
     whole job's wall-clock budget (None: the recipe unscaled, no time cap); `source_prompts`: prompts the job's
     source holds (None: the built-in set's 640). Only the gpu preset reads them; a gpu preset on a machine with
-    no GPU (gpu_count 0) is planned as one device."""
+    no GPU (gpu_count 0) is planned as one device. `warm_start`: the job starts from a parent drafter, and trains
+    for a share of the preset's budget (`specialisation_budget`)."""
+    preset = _from_scratch_preset(requested, gpu_count=gpu_count, target_parameters_billion=target_parameters_billion,
+                                  budget_minutes=budget_minutes, source_prompts=source_prompts,
+                                  holdout_share=holdout_share)
+    if not warm_start:
+        return preset
+    budget = specialisation_budget(preset.fields)
+    note = (f"warm start: {recipe.WARM_START_BUDGET_SHARE:g} of the preset's training budget, "
+            f"{budget['training.max_steps']} steps" + ("" if budget["training.max_minutes"] is None else
+                                                        f", at most {budget['training.max_minutes']:g} min"))
+    return Preset(preset.name, {**preset.fields, **budget}, preset.generation_batch_size, [*preset.notes, note])
+
+
+def _from_scratch_preset(requested: str, *, gpu_count: int, target_parameters_billion: float | None,
+                         budget_minutes: float | None, source_prompts: int | None, holdout_share: float) -> Preset:
     name = resolve_preset_name(requested, gpu_count)
     if name == "cpu":
         return Preset("cpu", dict(CPU_FIELDS), CPU_GENERATION_BATCH_SIZE,
@@ -132,6 +147,23 @@ def choose_preset(requested: str = "auto", *, gpu_count: int, target_parameters_
         "validation.prompts": recipe.GPU_VALIDATION_PROMPTS,
     }
     return Preset("gpu", fields, recipe.GPU_GENERATION_BATCH_SIZE, notes)
+
+
+def specialisation_budget(fields: dict[str, object] | None = None) -> dict[str, object]:
+    """A warm start's training budget (dotted JobSpec fields) from a from-scratch job's `fields` (a preset's; None
+    or missing: the recipe's): recipe.WARM_START_BUDGET_SHARE of its steps and of its time cap, and its warm-up as
+    the same share of the (fewer) steps, so the schedule keeps its shape on a shorter run."""
+    fields = fields or {}
+    steps = fields.get("training.max_steps", recipe.TRAIN_STEPS)
+    minutes = fields.get("training.max_minutes", recipe.TRAIN_MAX_MINUTES)
+    warmup = fields.get("training.warmup_share")
+    assert isinstance(steps, int) and (minutes is None or isinstance(minutes, int | float))
+    share = recipe.WARM_START_BUDGET_SHARE
+    return {
+        "training.max_steps": max(1, math.ceil(steps * share)),
+        "training.max_minutes": None if minutes is None else round(float(minutes) * share, 3),
+        "training.warmup_share": warmup if warmup is not None else min(0.5, recipe.WARMUP_STEPS / steps),
+    }
 
 
 def preset_fields(name: str, *, gpu_count: int = 1, target_parameters_billion: float | None = None,

@@ -32,6 +32,13 @@ main job trains the same steps, and reaches the same tau, on a slow day as on a 
 TRAIN_MAX_MINUTES: float | None = 6.0
 """Training's time budget (None: none). The learning-rate schedule follows the larger of step/steps and
 elapsed/budget (trainer/training/schedule.py), so a machine too slow for the steps still ends its decay on time."""
+WARMUP_STEPS = 30
+"""Learning-rate warm-up steps of the CPU recipe (a job's training.warmup_share, when given, replaces them)."""
+WARM_START_BUDGET_SHARE = 0.25
+"""A specialisation's default training budget, as a share of a from-scratch job's: a warm start begins from a
+parent that already drafts for the base, so it gets this share of the time-fitted schedule's steps and minutes (the
+recipe's, or a preset's), with the same warm-up share, unless the job names its own (schemas/presets.py
+`specialisation_budget`). The bench's goal for it: at 1/4 of the minutes, >= 1.10x a full from-scratch job's tau."""
 BF16_MATMULS = True
 """Train a float32 (CPU) target's drafter with bfloat16 matmuls and LM head (weights, optimizer and losses stay
 float32): held-out tau unchanged, about 1.5x the steps per CPU second on CPUs with bfloat16 units. Used only where

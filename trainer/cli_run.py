@@ -82,7 +82,8 @@ def given_sampling(base: dict, options: dict) -> dict:
 def run_preset(requested: str, body: dict, *, nproc: int, budget_minutes: float | None) -> Preset:
     """The preset `draftsmith run --preset` lays under `body`: `auto` is gpu when the job may run on a visible GPU
     (not when it asks for the CPU); a gpu preset is sized for the GPUs training uses (--nproc of the visible
-    ones), the target's size and the budget. Its notes go to stderr."""
+    ones), the target's size and the budget; a warm start (the spec's `init`) for a share of its training budget.
+    Its notes go to stderr."""
     from schemas.compute import device_kind
 
     visible = 0
@@ -96,7 +97,8 @@ def run_preset(requested: str, body: dict, *, nproc: int, budget_minutes: float 
                                target_parameters_billion=target_parameters_billion(body["target"]["uri"]),
                                budget_minutes=budget_minutes,
                                source_prompts=BUILTIN_PROMPT_COUNT if source == "builtin" else None,
-                               holdout_share=body.get("data", {}).get("holdout_share", recipe.HOLDOUT_SHARE))
+                               holdout_share=body.get("data", {}).get("holdout_share", recipe.HOLDOUT_SHARE),
+                               warm_start=body.get("init") is not None)
     except ValueError as error:
         raise DraftsmithError(str(error)) from None
     if requested != "cpu":

@@ -30,7 +30,7 @@ class TrainConfig:
     """Blocks drafted per sequence in one forward pass."""
     lr: float = recipe.LEARNING_RATE
     """Peak learning rate of AdamW."""
-    warmup_steps: int = 30
+    warmup_steps: int = recipe.WARMUP_STEPS
     min_lr_ratio: float = 0.1
     """Cosine decay ends at lr * min_lr_ratio."""
     weight_decay: float = 0.01
