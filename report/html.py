@@ -121,9 +121,9 @@ def _warm_start_advice(report: ValidationReport) -> str:
     """A warm start's verdict on which drafter to serve (report.json `warm_start.advice`), as a banner beside
     validation's own: keep serving the parent unless the paired gain's interval lies above 1."""
     warm_start = report.warm_start
-    text = advice_text(warm_start) if warm_start is not None else ""
-    if not text:
+    if warm_start is None or not advice_text(warm_start):
         return ""
+    text = advice_text(warm_start)
     kind = "warn" if warm_start.keep_parent else "ok"
     return (f'<div class="advice advice-{kind}" id="warm-start-advice" data-advice="{_e(warm_start.advice)}">'
             f"<strong>Warm start:</strong> {_e(text)}</div>")

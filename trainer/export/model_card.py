@@ -61,9 +61,9 @@ def _figures(report: ValidationReport | None) -> str:
 def _warm_start(report: ValidationReport | None) -> str:
     """The card's warm-start section: the parent's origin and format, which drafter to serve, and the parent
     against this drafter on the same held-out prompts in the serving mode (report.json `warm_start`)."""
-    warm_start = report.warm_start if report else None
-    if warm_start is None:
+    if report is None or report.warm_start is None:
         return ""
+    warm_start = report.warm_start
     lines = ["## Warm start: the parent against this drafter", ""]
     parent = parent_text(warm_start)
     if parent:

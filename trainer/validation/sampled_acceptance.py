@@ -136,10 +136,10 @@ def parent_comparison(new_greedy: MeasuredAcceptance, new_sampled: MeasuredAccep
     and (a sampling job) at the job's own parameters, with the same seeds: each one's tau with its interval, the
     paired gains, and which drafter to serve (decided at the job's own parameters, the ones it serves at). Each drafts
     at its own block size (`parent_block_size`: the parent's, when a warm start changed it)."""
-    new_figures = tau_figures(new_greedy.per_prompt, new_sampled and new_sampled.per_prompt, params,
+    new_figures = tau_figures(new_greedy.per_prompt, None if new_sampled is None else new_sampled.per_prompt, params,
                               block_size=block_size)
-    parent_figures = tau_figures(parent_greedy.per_prompt, parent_sampled and parent_sampled.per_prompt, params,
-                                 block_size=parent_block_size or block_size)
+    parent_figures = tau_figures(parent_greedy.per_prompt, None if parent_sampled is None else parent_sampled.per_prompt,
+                                 params, block_size=parent_block_size or block_size)
     gain_greedy = paired_gain(new_greedy.per_prompt, parent_greedy.per_prompt, temperature=0.0, seed=params.seed)
     gain_sampled = (gain_greedy if new_sampled is None or parent_sampled is None else
                     paired_gain(new_sampled.per_prompt, parent_sampled.per_prompt, temperature=params.temperature,
