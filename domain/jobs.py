@@ -17,6 +17,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -50,8 +51,8 @@ from domain.statuses import AUDIT_ACTIVE_STATUSES
 from domain.storage_scope import StorageScopeError, check_spec_storage, refuse_link_loops, spec_storage_uris
 from domain.usage import check_quota
 from schemas.audit import AuditSpec
-from schemas.bounds import JsonInputError, loads_json
-from schemas.job_spec import JobSpec
+from schemas.bounds import JsonInputError, file_uri_path, loads_json
+from schemas.job_spec import ADAPTER_CONFIG, JobSpec
 
 log = logging.getLogger("draftsmith.api")
 _IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
@@ -83,6 +84,13 @@ def parse_spec(raw: bytes, settings: Settings, model: type[SpecT], example: str)
                 loops.append(FieldError(field=item.field, message=str(exc)))
     if loops:
         raise InvalidRequest(f"{loops[0].field}: {loops[0].message}", errors=loops)
+    if (spec.target.base is None and spec.target.uri.startswith("file://")
+            and os.path.isfile(os.path.join(file_uri_path(spec.target.uri), ADAPTER_CONFIG))):
+        # An adapter this process can see needs its base named now; one it cannot see is refused at prepare, the
+        # same way. What the adapter's own config names is never read.
+        message = ("the target is a LoRA adapter folder: set target.base to the URI of the base model it was "
+                   "trained on (the base_model_name_or_path in its adapter_config.json is never opened)")
+        raise InvalidRequest(f"target.base: {message}", errors=[FieldError(field="target.base", message=message)])
     if spec.target.trust_remote_code and not settings.allow_trust_remote_code:
         message = (
             "this deployment does not run code shipped with checkpoints; remove trust_remote_code "

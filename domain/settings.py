@@ -26,6 +26,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from schemas.bounds import TargetLimits
 from schemas.compute import DEVICE_SETTINGS, check_device_setting
 from schemas.stages import GenerateBackend
 
@@ -220,6 +221,23 @@ class Settings(BaseSettings):
         "compute.device, when not auto, must agree with it (a job asking cuda of a worker set to cpu fails naming "
         "`device`); schemas/compute.py.",
     )
+    target_max_parameters: int = Field(
+        default=TargetLimits().max_parameters, ge=1,
+        description="Largest target (parameters in its weight files) a worker loads; larger ones are refused at "
+        "prepare from their headers, before anything is allocated."
+    )
+    target_max_layers: int = Field(default=TargetLimits().max_layers, ge=1,
+                                   description="Most decoder layers a target's config.json may declare.")
+    target_max_hidden_size: int = Field(default=TargetLimits().max_hidden_size, ge=1,
+                                        description="Widest hidden, intermediate or head size a target may declare.")
+    target_max_vocab_size: int = Field(default=TargetLimits().max_vocab_size, ge=1,
+                                       description="Largest vocabulary a target may declare.")
+    target_max_context: int = Field(default=TargetLimits().max_context, ge=1,
+                                    description="Longest max_position_embeddings a target may declare.")
+    target_max_heads: int = Field(default=TargetLimits().max_heads, ge=1,
+                                  description="Most attention heads a target may declare.")
+    target_max_experts: int = Field(default=TargetLimits().max_experts, ge=1,
+                                    description="Most routed experts a target's MoE layers may declare.")
     worker_max_retries: int = Field(
         default=3, ge=0, le=20, description="Retries of a stage after an infrastructure error (database, broker, "
         "storage unreachable)."
@@ -336,6 +354,11 @@ class Settings(BaseSettings):
     @property
     def development(self) -> bool:
         return self.env == "development"
+
+    @property
+    def target_limits(self) -> TargetLimits:
+        """The target_max_* settings as the trainer's preflight takes them."""
+        return TargetLimits(**{name: getattr(self, f"target_{name}") for name in TargetLimits.model_fields})
 
     @property
     def broker_enabled(self) -> bool:

@@ -202,3 +202,19 @@ def file_uri_path(uri: str) -> str:
 def plausible_target_parameters_billion(value: float) -> bool:
     low, high = TARGET_PARAMETERS_BILLION_RANGE
     return math.isfinite(value) and low <= value <= high
+
+
+class TargetLimits(BaseModel):
+    """The largest target a deployment loads, judged from config.json and the safetensors headers before anything
+    is allocated (trainer/targets/preflight.py). Each is the worker setting DRAFTSMITH_TARGET_<FIELD>; the defaults
+    admit every published decoder (a 1-trillion-parameter MoE included) and nothing absurd."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_parameters: int = Field(default=2_000_000_000_000, ge=1, description="Parameters in the weight files.")
+    max_layers: int = Field(default=512, ge=1, description="config.json num_hidden_layers.")
+    max_hidden_size: int = Field(default=131_072, ge=1, description="hidden, intermediate and head widths.")
+    max_vocab_size: int = Field(default=2_097_152, ge=1, description="config.json vocab_size.")
+    max_context: int = Field(default=16_777_216, ge=1, description="config.json max_position_embeddings.")
+    max_heads: int = Field(default=1_024, ge=1, description="attention and key/value heads.")
+    max_experts: int = Field(default=4_096, ge=1, description="routed experts of an MoE layer.")

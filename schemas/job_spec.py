@@ -159,6 +159,10 @@ def check_uri(uri: str, allowed_file_roots: list[str] | None, *, allow_bundled: 
     raise ValueError(f"unsupported URI scheme {scheme!r}; use {TARGET_SCHEMES}")
 
 
+ADAPTER_CONFIG = "adapter_config.json"
+"""What makes a target folder a PEFT adapter (trainer/targets/adapters.py)."""
+
+
 def _file_roots(info: ValidationInfo) -> list[str] | None:
     context = info.context or {}
     roots = context.get("allowed_file_roots")
@@ -182,8 +186,8 @@ class TargetSpec(StrictModel):
     )
     base: str | None = Field(
         default=None,
-        description="A LoRA adapter target's base model, merged at load (schemes as `uri`; unset: the adapter's "
-        "own base_model_name_or_path, if local).",
+        description="A LoRA adapter target's base model, merged at load (schemes as `uri`). Required for an "
+        "adapter: the base the adapter's own config names is never opened.",
         examples=["hf://meta-llama/Llama-3.1-8B-Instruct@main"],
         max_length=2048,
     )

@@ -46,6 +46,7 @@ from schemas.audit import (
     FingerprintFit,
     LayerFit,
 )
+from schemas.bounds import TargetLimits
 from schemas.sampling import SamplingParams
 from schemas.validation_report import ValidationReport
 from trainer.data.prompts import Prompt
@@ -250,7 +251,7 @@ def audit_prompts(source: str, spec: AuditSpec) -> list[Prompt]:
 
 def run_audit(spec: AuditSpec, *, target: str, drafter: str, prompts: str = "builtin",
               on_progress: Callable[[int, int, str], None] | None = None, device: str = "auto",
-              dtype: str = "auto", base: str | None = None) -> AuditResult:
+              dtype: str = "auto", base: str | None = None, limits: TargetLimits | None = None) -> AuditResult:
     """An audit from end to end, as `draftsmith audit` runs it here and the worker runs it for the service.
     `spec` is resolved (schemas.audit.resolved); `target`, `drafter`, `prompts` are local paths (or a bundled
     target name / `builtin`) the caller fetched from the spec's URIs. `device`, `dtype`: where the target runs
@@ -264,7 +265,7 @@ def run_audit(spec: AuditSpec, *, target: str, drafter: str, prompts: str = "bui
     plan = resolve_device(device, dtype)
     loaded = load_target(resolve_target_path(target), device=plan.device, dtype=plan.dtype,
                          allow_pickle=spec.target.allow_pickle, trust_remote_code=spec.target.trust_remote_code,
-                         base=resolve_target_path(base) if base else None)
+                         base=resolve_target_path(base) if base else None, limits=limits)
     return audit_drafter(loaded, drafter, chosen, spec.sampling, max_new_tokens=spec.validation.max_new_tokens,
                          sampling_draws=spec.validation.sampling_draws, reference_tau=spec.reference_tau,
                          thresholds=spec.thresholds, on_progress=on_progress, device_plan=plan)

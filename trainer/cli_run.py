@@ -51,6 +51,20 @@ def target_uri(target: str) -> str:
     return Path(target).resolve().as_uri()
 
 
+def local_adapter_base(target: str) -> str | None:
+    """On one's own machine, the base an adapter folder's config names, when that folder is here: a convenience of
+    `draftsmith run`, said aloud. The service never reads it (trainer/targets/adapters.py)."""
+    from trainer.targets.adapters import suggested_base
+
+    if target.startswith(("bundled:", "hf://", "s3://")):
+        return None
+    folder = file_uri_path(target) if target.startswith("file://") else target
+    base = suggested_base(folder) if Path(folder).is_dir() else None
+    if base is not None:
+        click.echo(f"base model: {base} (named by the adapter's adapter_config.json; --base chooses another)", err=True)
+    return base
+
+
 def local_path(uri: str, what: str) -> str:
     """What the trainer opens for a spec URI: a bundled name or a local path. Remote sources are the service's."""
     if uri == "builtin" or uri.startswith("bundled:"):
@@ -156,7 +170,8 @@ def parse_spec(body: dict):
 @click.option("--target", "target_spec", default=None, help="Target directory, bundled name (smollm2-135m) or URI.")
 @click.option("--base", "base_spec", default=None,
               help="For a --target that is a LoRA adapter folder: its base model (directory, bundled name or URI); "
-                   "default: the adapter's base_model_name_or_path when that is a local directory.")
+                   "default here: the adapter's base_model_name_or_path when that is a directory on this machine "
+                   "(the service always needs target.base).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True)
 @click.option("--spec", "spec_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
               help="A job spec (the JSON body of POST /v1/jobs); flags given here override its fields.")
@@ -225,6 +240,8 @@ def run(target_spec, base_spec, out_dir, spec_file, resume, prompts, num_prompts
         "validation.prompts": validation_prompts, "validation.max_new_tokens": validation_max_new_tokens,
         "validation.sampling_draws": sampling_draws, "compute.device": device, "compute.dtype": dtype,
     }
+    if base_spec is None and target_spec is not None:
+        base_spec = local_adapter_base(target_spec)
     body = job_body(spec_file, target_spec, prompts, flags, base=base_spec)
     chosen = run_preset(preset, body, nproc=nproc, budget_minutes=budget_minutes)
     body = lay_under(body, chosen.fields)  # the spec file and the flags win

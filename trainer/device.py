@@ -118,7 +118,10 @@ def load_target_on(path, device: str = DEVICE_AUTO, dtype: str = "auto", **optio
     (the per-stage commands, the benches); `options` go to load_target (allow_pickle, ...). A target too large for
     one GPU is split over the plan's GPUs (trainer/targets/placement.py), never beyond a setting that names one."""
     from trainer.targets import load_target
+    from trainer.targets.adapters import suggested_base
 
     plan = resolve_device(device, dtype)
     options.setdefault("may_split", plan.count > 1)
+    if options.get("base") is None:  # these commands run on one's own files: an adapter's base as it names it
+        options["base"] = suggested_base(path)
     return load_target(path, device=plan.device, dtype=plan.dtype, **options)

@@ -28,3 +28,55 @@ class StageInterrupted(DraftsmithError):
     generation keeps finished shards, training writes a checkpoint first, so the stage resumes."""
 
     code = "interrupted"
+
+
+# What can be wrong inside a target folder an organisation hands over: each its own code, so a malformed file is
+# told apart from a bug (internal_error) by the job's error.code, the CLI and alerting alike.
+
+
+class TargetBaseRequired(TargetError):
+    """A LoRA adapter target without the job's target.base: the adapter's own pointer is never followed."""
+
+    code = "target_base_required"
+
+
+class TargetConfigInvalid(TargetError):
+    code = "target_config_invalid"
+
+
+class TargetTooLarge(TargetError):
+    """A size in config.json or the weights above the deployment's limits (schemas/bounds.py TargetLimits)."""
+
+    code = "target_too_large"
+
+
+class TargetShapeMismatch(TargetError):
+    """config.json and the safetensors files disagree (shapes, parameter count, the index)."""
+
+    code = "target_shape_mismatch"
+
+
+class WeightsHeaderInvalid(TargetError):
+    """A safetensors header that is not one (a header bomb, not JSON, malformed entries)."""
+
+    code = "weights_header_invalid"
+
+
+class WeightsShardTruncated(TargetError):
+    code = "weights_shard_truncated"
+
+
+class WeightsDtypeInvalid(TargetError):
+    code = "weights_dtype_invalid"
+
+
+class WeightsTensorDuplicate(TargetError):
+    code = "weights_tensor_duplicate"
+
+
+class TokenizerInvalid(TargetError):
+    code = "tokenizer_invalid"
+
+
+class ChatTemplateInvalid(TargetError):
+    code = "chat_template_invalid"

@@ -8,7 +8,7 @@ Publishing destinations and labels are the service's business, not the trainer's
 
 from __future__ import annotations
 
-from schemas.bounds import file_uri_path
+from schemas.bounds import TargetLimits, file_uri_path
 from schemas.job_spec import JobSpec
 from trainer.drafter.checkpoint import drafter_folder
 from trainer.errors import DraftsmithError
@@ -17,11 +17,13 @@ from trainer.training.config import WARM_START_PREFIX, TrainConfig
 
 
 def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin",
-                         parent_drafter: str | None = None, base: str | None = None) -> RunConfig:
+                         parent_drafter: str | None = None, base: str | None = None,
+                         target_limits: TargetLimits | None = None) -> RunConfig:
     """`target`: the local target directory (or bundled name) resolved from spec.target.uri; `base`: the local
     base model folder resolved from spec.target.base (an adapter target's); `prompts`:
     `builtin` or the local prompts file resolved from spec.data.source; `parent_drafter`: the local drafter
-    directory resolved from spec.init.from_drafter (a file:// URI is read in place when none is given)."""
+    directory resolved from spec.init.from_drafter (a file:// URI is read in place when none is given);
+    `target_limits`: the largest target the caller's machine loads (None: the defaults)."""
     training = spec.training
     extra = {}  # TrainConfig fields set only when the spec says so
     if training.warmup_share is not None:  # None: TrainConfig's fixed warm-up steps (the CPU recipe's)
@@ -49,6 +51,7 @@ def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin"
         mask_token_id=spec.drafter.mask_token_id,
         allow_pickle=spec.target.allow_pickle,
         trust_remote_code=spec.target.trust_remote_code,
+        target_limits=target_limits or TargetLimits(),
         device=spec.compute.device,
         dtype=spec.compute.dtype,
         train=TrainConfig(steps=training.max_steps, max_minutes=training.max_minutes, lr=training.learning_rate,

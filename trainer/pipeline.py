@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schemas import recipe
+from schemas.bounds import TargetLimits
 from schemas.sampling import SamplingParams
 from schemas.stages import GENERATE_BACKENDS, LOCAL_STAGES, Stage
 from schemas.validation_report import (
@@ -99,6 +100,9 @@ class RunConfig:
     trust_remote_code: bool = False
     """Let the target's tokenizer/config run code shipped with the checkpoint (a job must say so explicitly, and
     the deployment allow it). The model itself must still be one of the supported architectures."""
+    target_limits: TargetLimits = field(default_factory=TargetLimits, compare=False)
+    """The largest target this machine loads (the worker's DRAFTSMITH_TARGET_* settings), judged from the target's
+    config and weight headers before anything is allocated (trainer/targets/preflight.py)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     generation_batch_size: int = 32
     generation_shard_size: int = recipe.GENERATION_SHARD_SIZE
@@ -118,6 +122,8 @@ class RunConfig:
     def from_json(cls, data: dict) -> RunConfig:
         data = dict(data)
         taps, engines = data.get("target_layer_ids"), data.get("engines")
+        if "target_limits" in data:
+            data["target_limits"] = TargetLimits.model_validate(data["target_limits"])
         return cls(**{**data, "sampling": SamplingParams.model_validate(data["sampling"]),
                       "train": TrainConfig(**data["train"]),
                       "target_layer_ids": tuple(taps) if taps is not None else None,
@@ -204,6 +210,7 @@ def load_job_target(config: RunConfig, plan: DevicePlan | None = None):
     base = resolve_target_path(config.base) if config.base else None
     return load_target(resolve_target_path(config.target), device=plan.device, dtype=plan.dtype,
                        allow_pickle=config.allow_pickle, trust_remote_code=config.trust_remote_code,
+                       limits=config.target_limits,
                        may_split=plan.count > 1, base=base)  # a job that names one GPU (cuda:N) is never split
 
 
@@ -291,7 +298,11 @@ class JobStages:
         if self._target is None:
             # An event, so the dashboard and the CLI show where the stage runs before its first real progress.
             self.hooks.progress(self.stage or Stage.PREPARE, 0.0, f"loading the target on {self.plan.summary()}")
-            self._target = load_job_target(self.config, self.plan)
+            from trainer.interruptible import stops_on_request
+
+            # transformers' loader never polls: a cancel must still end a load of a large target within seconds.
+            with stops_on_request(self.hooks.should_stop):
+                self._target = load_job_target(self.config, self.plan)
         return self._target
 
     def prompts(self):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 
 from domain.audits import (
     acknowledge_audit_cancellation,
@@ -32,6 +33,7 @@ from domain.audits import (
 from domain.files import uploaded_prompts_key
 from schemas.audit import AuditResult, AuditSpec
 from trainer.errors import DraftsmithError, StageInterrupted
+from trainer.targets.adapters import require_base
 from worker.context import WorkerContext
 from worker.drafters import resolve_drafter
 from worker.errors import infrastructure_errors, storage_refusal
@@ -83,6 +85,7 @@ def execute_audit(ctx: WorkerContext, audit_id: str) -> str:
         target = resolve_target(spec.target.uri, ctx.settings, ctx.cache, caller=caller,
                                 allow_pickle=spec.target.allow_pickle, trust_remote_code=spec.target.trust_remote_code)
         target_revision = target.revision
+        require_base(Path(target.path), spec.target.base)  # the adapter's own pointer is never followed
         base = None if spec.target.base is None else resolve_target(  # an adapter target's base, as the target
             spec.target.base, ctx.settings, ctx.cache, caller=caller, allow_pickle=spec.target.allow_pickle,
             trust_remote_code=spec.target.trust_remote_code)
@@ -96,7 +99,7 @@ def execute_audit(ctx: WorkerContext, audit_id: str) -> str:
         # An audit has no compute section: it runs where this worker's setting says (trainer/device.py decides).
         report = run_audit(spec, target=target.path, drafter=drafter.path, prompts=prompts.path,
                            on_progress=heartbeat.check, device=ctx.settings.worker_device,
-                           base=base.path if base else None)
+                           base=base.path if base else None, limits=ctx.settings.target_limits)
         result = AuditResult.read(report)  # the measurement's result, or a stand-in's plain object
         result.drafter_revision = drafter.revision
         tokens = result.tokens_generated or 0

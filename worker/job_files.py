@@ -15,6 +15,7 @@ from schemas.job_spec import JobSpec
 from schemas.work_files import PinnedSource, PinnedSources
 from trainer.job_config import run_config_from_spec
 from trainer.pipeline import Launch, Layout
+from trainer.targets.adapters import require_base
 from worker.context import WorkerContext
 from worker.drafters import resolve_drafter
 from worker.reporting import JobRecords
@@ -50,7 +51,8 @@ def job_run_config(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles,
     """The job's RunConfig on this worker: its spec with the target, prompts and parent drafter fetched here (a
     fetch stops mid-download when `should_stop` says so)."""
     return run_config_from_spec(spec, **local_sources(ctx, job, spec, files, reporter, pin=pin,
-                                                      should_stop=should_stop))
+                                                      should_stop=should_stop),
+                                target_limits=ctx.settings.target_limits)
 
 
 def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, reporter: JobRecords | None, *,
@@ -68,6 +70,8 @@ def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, 
     caller = Caller(job.org_id, ctx.session_factory)  # every fetch is judged for this organisation
     target = resolve_target(target_uri, ctx.settings, cache, caller=caller, allow_pickle=spec.target.allow_pickle,
                             trust_remote_code=spec.target.trust_remote_code, should_stop=should_stop)
+    # An adapter is loaded over the base the job names, never over what its own config names (not even looked up).
+    require_base(Path(target.path), spec.target.base)
     # An adapter target's base model: fetched by the same function, so the same scope, credentials and file rules
     base = None if base_uri is None else resolve_target(
         base_uri, ctx.settings, cache, caller=caller, allow_pickle=spec.target.allow_pickle,

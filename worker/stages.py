@@ -12,12 +12,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import mimetypes
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from domain.jobs import load_stored_spec
 from domain.models import Job
+from schemas.job_spec import JobSpec
 from schemas.stages import Stage
 from schemas.work_files import StageMarker
+from trainer.errors import DraftsmithError
 from trainer.lineage import environment
 from trainer.pipeline import StageHooks, run_stage
 from worker.context import WorkerContext
@@ -66,29 +71,50 @@ def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageRe
         # The drafter, with its lineage, becomes one of the organisation's published drafters (GET /v1/drafters).
         info["drafter_id"] = record_lineage(ctx, job, spec, reporter)
     else:
-        files.sync.pull(*STAGE_INPUTS[stage])
-        latest = files.layout.train / "checkpoints" / "latest"
-        if stage is Stage.TRAIN and latest.is_file():
-            checkpoint = latest.read_text().strip()
-            reporter.event(f"resuming training from checkpoint {checkpoint}", data={"checkpoint": checkpoint})
-            # The series must hold every step once: steps the lost attempt trained up to its checkpoint but had
-            # not yet written to the database come back from the checkpoint's metrics.jsonl.
-            reporter.restore_metrics(files.layout.train / "metrics.jsonl", int(checkpoint.removeprefix("step-")))
-        config = job_run_config(ctx, job, spec, files, reporter, pin=stage is Stage.PREPARE,
-                                should_stop=reporter.should_stop)
-        hooks = StageHooks(progress=reporter.progress, should_stop=reporter.should_stop, on_saved=files.sync.push,
-                           on_metrics=reporter.metrics)
-        if stage is Stage.GENERATE and ctx.settings.worker_generate_workers > 1:
-            info = _generate_with_helpers(ctx, job, config, files, hooks, reporter, send_helpers)
-        else:
-            info = run_stage(stage, config, files.layout, hooks, launch_for(ctx.settings))
-        if stage is Stage.TRAIN:  # the code that trained it, for the drafter's lineage
-            info["environment"] = environment()
-        if stage is Stage.EXPORT:
-            _register_artifacts(ctx, job.id, files.layout.out, reporter)
+        with worker_cache_paths_hidden(ctx):
+            info = _run_trainer_stage(ctx, job, stage, reporter, send_helpers, files, spec)
     # A summary's own keys are kept as they are; anything not JSON is written as its text, as it always was.
     stored = StageMarker.written(**info).model_dump(mode="json", exclude_unset=True, fallback=str)
     ctx.storage.put_bytes(f"jobs/{job.id}/work/{marker}", json.dumps(stored).encode())
+    return info
+
+
+@contextmanager
+def worker_cache_paths_hidden(ctx: WorkerContext) -> Iterator[None]:
+    """A refusal's message never shows this worker's copy of a job's files: the cache path holds the organisation's
+    id and this machine's layout. Messages name what the job named (its URIs) where they can; a path into the cache
+    becomes a phrase. The error keeps its class and code."""
+    try:
+        yield
+    except DraftsmithError as error:
+        cache = str(ctx.cache)
+        if cache in str(error):
+            error.args = (re.sub(re.escape(cache) + r"[^\s:;,)'\"]*", "(the job's copy on the worker)", str(error)),)
+        raise
+
+
+def _run_trainer_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageReporter,
+                       send_helpers: SendHelpers | None, files: JobFiles, spec: JobSpec) -> dict:
+    files.sync.pull(*STAGE_INPUTS[stage])
+    latest = files.layout.train / "checkpoints" / "latest"
+    if stage is Stage.TRAIN and latest.is_file():
+        checkpoint = latest.read_text().strip()
+        reporter.event(f"resuming training from checkpoint {checkpoint}", data={"checkpoint": checkpoint})
+        # The series must hold every step once: steps the lost attempt trained up to its checkpoint but had
+        # not yet written to the database come back from the checkpoint's metrics.jsonl.
+        reporter.restore_metrics(files.layout.train / "metrics.jsonl", int(checkpoint.removeprefix("step-")))
+    config = job_run_config(ctx, job, spec, files, reporter, pin=stage is Stage.PREPARE,
+                            should_stop=reporter.should_stop)
+    hooks = StageHooks(progress=reporter.progress, should_stop=reporter.should_stop, on_saved=files.sync.push,
+                       on_metrics=reporter.metrics)
+    if stage is Stage.GENERATE and ctx.settings.worker_generate_workers > 1:
+        info = _generate_with_helpers(ctx, job, config, files, hooks, reporter, send_helpers)
+    else:
+        info = run_stage(stage, config, files.layout, hooks, launch_for(ctx.settings))
+    if stage is Stage.TRAIN:  # the code that trained it, for the drafter's lineage
+        info["environment"] = environment()
+    if stage is Stage.EXPORT:
+        _register_artifacts(ctx, job.id, files.layout.out, reporter)
     return info
 
 

@@ -22,8 +22,8 @@ def lora_dir(smollm2_dir):
 
 
 @pytest.fixture(scope="module")
-def lora_target(lora_dir):
-    return load_target(lora_dir)  # the base from the adapter's base_model_name_or_path: the bundled folder
+def lora_target(lora_dir, smollm2_dir):
+    return load_target(lora_dir, base=smollm2_dir)
 
 
 def rendered(target, question: str) -> list[int]:

@@ -19,64 +19,88 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from schemas.bounds import TargetLimits
 from schemas.validation_report import TargetDescription
-from trainer.errors import TargetError
+from trainer.errors import (
+    ChatTemplateInvalid,
+    TargetError,
+    TargetShapeMismatch,
+    TokenizerInvalid,
+    WeightsHeaderInvalid,
+)
 from trainer.targets.adapters import adapter_digest, merge_adapter, model_and_adapter
 from trainer.targets.families import ADD_A_FAMILY_HINT, SUPPORTED_MODEL_TYPES, Rollback, describe
+from trainer.targets.preflight import check_config_sizes, preflight, read_config, read_config_file
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILE_SETS = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
 
 
-def inspect_target_dir(path: str | Path, *, allow_pickle: bool = False, base: str | Path | None = None) -> dict:
+def inspect_target_dir(path: str | Path, *, allow_pickle: bool = False, base: str | Path | None = None,
+                       limits: TargetLimits | None = None) -> dict:
     """Check a target directory without loading it; return its config. Raises TargetError in one line. A LoRA
-    adapter folder (trainer/targets/adapters.py) is checked with its base (`base`, else the one it names); the
-    base's config is returned."""
+    adapter folder (trainer/targets/adapters.py) is checked with its base (`base`, which it needs); the base's config
+    is returned. Sizes are judged against `limits` (the defaults: TargetLimits()) from config.json and the
+    safetensors headers, before anything is allocated (trainer/targets/preflight.py)."""
     model_dir, _ = model_and_adapter(path, allow_pickle=allow_pickle, base=base)
-    return _inspect_model_dir(model_dir, allow_pickle)
+    return _inspect_model_dir(model_dir, allow_pickle, limits or TargetLimits())
 
 
-def _inspect_model_dir(path: Path, allow_pickle: bool) -> dict:
+def _inspect_model_dir(path: Path, allow_pickle: bool, limits: TargetLimits) -> dict:
     if not path.is_dir():
         raise TargetError(f"target {path}: not a directory; pass a Hugging Face model directory")
     config_file = path / "config.json"
     if not config_file.is_file():
         raise TargetError(f"target {path}: config.json is missing; a model directory needs config.json, "
                           "*.safetensors weights and tokenizer files")
-    try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise TargetError(f"target {path}: config.json is not valid JSON ({exc})") from exc
+    config = read_config(path)
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        architectures = ",".join(config.get("architectures") or []) or "unknown"
+        architectures = ",".join(str(a) for a in config.get("architectures") or []) or "unknown"
         raise TargetError(f"target {path}: architecture {model_type!r} ({architectures}) is not supported; "
                           f"supported model_type values: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}; "
                           f"{ADD_A_FAMILY_HINT}")
-    _check_weights(path, allow_pickle)
+    weight_files = _check_weights(path, allow_pickle)
     if not _has_tokenizer(path):
         raise TargetError(f"target {path}: tokenizer files are missing; save the tokenizer into the model "
                           "directory (tokenizer.json, or tokenizer.model, or vocab.json + merges.txt)")
+    if weight_files:
+        preflight(path, config, limits, weight_files)
+    else:  # pickled weights (the job allowed them): no header to read, the config's own sizes are still judged
+        check_config_sizes(config, limits)
     return config
 
 
-def _check_weights(path: Path, allow_pickle: bool) -> None:
+def _check_weights(path: Path, allow_pickle: bool) -> list[Path]:
+    """The safetensors files the model loads from (empty: pickled weights the job allows)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        try:
+            weight_map = json.loads(index.read_bytes()).get("weight_map", {})
+            shards = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError):
+            raise WeightsHeaderInvalid("target model.safetensors.index.json is not a JSON object with a weight_map "
+                                       "of file names; save the weights again") from None
+        # A shard is a file name inside this folder: a path in the index is data, never a location to open.
+        outside = [s for s in shards if not isinstance(s, str) or Path(s).name != s]
+        if outside:
+            raise WeightsHeaderInvalid(f"target model.safetensors.index.json names {outside[0]!r} as a shard; shards "
+                                       "are file names in the model folder: save the weights again")
         missing = sorted(s for s in shards if not (path / s).is_file())
         if missing:
             raise TargetError(f"target {path}: weight shard {missing[0]} listed in model.safetensors.index.json "
                               "is missing; copy every shard into the directory")
-        return
-    if list(path.glob("*.safetensors")):
-        return
+        return [path / s for s in shards]
+    found = sorted(path.glob("*.safetensors"))
+    if found:
+        return found
     pickled = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickled and not allow_pickle:
         raise TargetError(f"target {path}: only pickle weights ({pickled[0]}) were found; convert them to "
                           "safetensors (save_pretrained(..., safe_serialization=True)) or set allow_pickle on the job")
     if not pickled:
         raise TargetError(f"target {path}: no weights found; expected model.safetensors or sharded *.safetensors")
+    return []
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -85,27 +109,45 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 def load_target(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                 allow_pickle: bool = False, trust_remote_code: bool = False, may_split: bool | None = None,
-                base: str | Path | None = None) -> Target:
+                base: str | Path | None = None, limits: TargetLimits | None = None) -> Target:
     """Load a checked target directory in float32 on CPU (bfloat16 on GPU). Runs code shipped with the
     checkpoint only when `trust_remote_code` is given (a job's explicit, deployment-allowed choice).
 
-    A LoRA adapter folder is loaded over its base (`base`, else the local folder it names) and merged into it in
-    `dtype`; its own tokenizer files, when it has them, are the target's tokenizer.
+    Nothing is allocated before the folder passed `_inspect_model_dir`: config.json's sizes and the safetensors
+    headers judged against each other and against `limits` (trainer/targets/preflight.py). The tokenizer and its
+    chat template are checked next, the weights read last.
+
+    A LoRA adapter folder is loaded over `base` (required: what the adapter's own config names is never opened) and
+    merged into it in `dtype`; its own tokenizer files, when it has them, are the target's tokenizer.
 
     On a machine with several GPUs, a target too large for `device`'s GPU is split by layers over the next ones
     (trainer/targets/placement.py), or refused naming what to change. `may_split`: whether it may be (None: yes,
     unless this process is one of several training ranks, which each hold a whole target)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path, adapter = model_and_adapter(path, allow_pickle=allow_pickle, base=base)
-    config = _inspect_model_dir(path, allow_pickle)
+    config = _inspect_model_dir(path, allow_pickle, limits or TargetLimits())
+    tokenizer = load_tokenizer(path, trust_remote_code)
+    if adapter is not None and _has_tokenizer(adapter):
+        tokenizer = _adapter_tokenizer(adapter, tokenizer, trust_remote_code)
+    check_chat_template(tokenizer)
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
     placement = gpu_placement(path, config, device, dtype, may_split)
     options = placement.from_pretrained_options() if placement is not None else {}
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=not allow_pickle or None, **options,
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=not allow_pickle or None,
+            **options,
+        )
+    except Exception as exc:
+        if type(exc).__name__ == "SafetensorError":  # the format's own reader refused a file the headers passed
+            raise WeightsHeaderInvalid(f"target: a safetensors file could not be read ({exc}); save the weights "
+                                       "again") from None
+        if isinstance(exc, RuntimeError) and "size mismatch" in str(exc):
+            raise TargetShapeMismatch(f"target: {str(exc)[:500]}; hand over the config.json these weights were "
+                                      "saved with") from None
+        raise
     if adapter is not None:
         model = merge_adapter(model, adapter)
     if options:
@@ -114,10 +156,53 @@ def load_target(path: str | Path, *, device: str | torch.device = "cpu", dtype: 
         model = model.to(device)
     model.eval()
     model.requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    if adapter is not None and _has_tokenizer(adapter):
-        tokenizer = _adapter_tokenizer(adapter, tokenizer, trust_remote_code)
     return Target(model, tokenizer, path, adapter_path=adapter)
+
+
+def load_tokenizer(path: Path, trust_remote_code: bool):
+    """The folder's tokenizer; one that does not parse is the target's fault, said so (TokenizerInvalid)."""
+    from transformers import AutoTokenizer
+
+    _refuse_file_pointers(path)
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise TokenizerInvalid(f"target: its tokenizer files do not load ({type(exc).__name__}: {str(exc)[:300]}); "
+                               "save the tokenizer again (tokenizer.save_pretrained) into the model folder") from None
+
+
+def _refuse_file_pointers(path: Path) -> None:
+    """tokenizer_config.json may name files (`tokenizer_file`, `fast_tokenizer_files`, ...); transformers joins such
+    a name to the folder, so one with a directory part (`../../other-org/tokenizer.json`, `/etc/x`) would open
+    what the folder does not hold. Only bare names of files in the folder are accepted."""
+    file = path / "tokenizer_config.json"
+    if not file.is_file():
+        return
+    config = read_config_file(file, TokenizerInvalid)
+    for key, value in config.items():
+        if not (key.endswith(("_file", "_files")) and value is not None):
+            continue
+        names = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else [value]
+        for name in names:
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                raise TokenizerInvalid(f"target tokenizer_config.json: {key} names {name!r}; a tokenizer file is "
+                                       "named by its bare file name in the model folder (save the tokenizer again)")
+
+
+_PROBE_MESSAGES = [{"role": "user", "content": "Hello"}]
+
+
+def check_chat_template(tokenizer) -> None:
+    """Render one user turn with the target's chat template, as every prompt will be: a template that raises is
+    refused now, with the template's own message, not mid-generation."""
+    if not getattr(tokenizer, "chat_template", None):
+        return  # a target without one is refused where prompts are rendered, naming what to add
+    try:
+        tokenizer.apply_chat_template(_PROBE_MESSAGES, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:
+        raise ChatTemplateInvalid(f"target: its chat template fails to render a user message "
+                                  f"({type(exc).__name__}: {str(exc)[:300]}); fix chat_template in "
+                                  "tokenizer_config.json or chat_template.jinja") from None
 
 
 def _has_tokenizer(path: Path) -> bool:
@@ -128,9 +213,7 @@ def _adapter_tokenizer(adapter: Path, base_tokenizer, trust_remote_code: bool):
     """The adapter's own tokenizer (its chat template may be the fine-tune's). Its vocabulary must be the base's:
     the drafter shares the merged model's embedding table, and export writes the GGUF's vocabulary from the base
     folder's tokenizer files."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(adapter, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(adapter, trust_remote_code)
     if tokenizer.get_vocab() != base_tokenizer.get_vocab():
         raise TargetError(f"target {adapter}: the adapter's tokenizer has another vocabulary than its base's "
                           f"({len(tokenizer)} against {len(base_tokenizer)} tokens); an adapter that changes the "
