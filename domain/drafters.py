@@ -29,12 +29,9 @@ from domain.errors import FieldError, InvalidRequest, NotFound
 from domain.models import Drafter, Job, Publication, utcnow
 from domain.statuses import JobStatus
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
-from schemas.lineage import DrafterLineage, DrafterMetrics, DrafterShape
+from schemas.lineage import VARIANT_UPGRADES, WARM_START_KEEPS, DrafterLineage, DrafterMetrics, DrafterShape
 
 MAX_CHAIN = 100
-SHAPE_FIELDS = {"variant": "drafter.variant", "num_layers": "drafter.num_layers", "block_size": "drafter.block_size"}
-
-
 def published_drafter(session: Session, org_id: str, drafter_id: str) -> Drafter | None:
     """The organisation's drafter `drafter_id` if its job succeeded (a drafter is published only then), else None."""
     return session.scalar(select(Drafter).join(Job, Job.id == Drafter.job_id).where(
@@ -52,22 +49,26 @@ def get_drafter_for_org(session: Session, org_id: str, drafter_id: str, *, field
 
 def check_warm_start(session: Session, org_id: str, spec: JobSpec) -> Drafter | None:
     """At submit: a warm start from a drafter id must name one of the organisation's drafters (404 otherwise)
-    of the job's shape (422 naming the field). URIs are checked by the worker, which fetches them."""
+    that the job's shape can start from (422 naming the field): the same depth and mask token, and a variant the
+    parent's is or upgrades to (schemas/lineage.py); block size and taps are mapped by the worker. URIs are
+    checked by the worker, which fetches them."""
     if spec.init is None or not spec.init.from_drafter.startswith("drf_"):
         return None
     parent = get_drafter_for_org(session, org_id, spec.init.from_drafter, field="init.from_drafter")
     errors = []
-    for attribute, field in SHAPE_FIELDS.items():
-        wanted, had = getattr(spec.drafter, attribute), getattr(parent, attribute)
-        if wanted != had:
-            errors.append(FieldError(field=field, message=f"{wanted!r} differs from the parent drafter {parent.id}'s "
-                                                          f"{had!r}; a warm start keeps the parent's shape: set "
-                                                          f"{field} to {had!r}, or drop init to train from scratch"))
-    for attribute, field in (("target_layer_ids", "drafter.target_layer_ids"), ("mask_token_id", "drafter.mask_token_id")):
-        wanted, had = getattr(spec.drafter, attribute), getattr(DrafterShape.read(parent.config), attribute)
+    if spec.drafter.variant != parent.variant and (parent.variant, spec.drafter.variant) not in VARIANT_UPGRADES:
+        errors.append(FieldError(field="drafter.variant", message=(
+            f"{spec.drafter.variant!r} cannot start from the parent drafter {parent.id}, a {parent.variant!r} one: "
+            f"set drafter.variant to {parent.variant!r}, or drop init to train from scratch")))
+    shape = DrafterShape.read(parent.config)
+    for attribute in WARM_START_KEEPS:
+        field = f"drafter.{attribute}"
+        wanted = getattr(spec.drafter, attribute)
+        had = getattr(parent, attribute, None) if attribute == "num_layers" else getattr(shape, attribute)
         if wanted is not None and had is not None and wanted != had:
             errors.append(FieldError(field=field, message=f"{wanted!r} differs from the parent drafter {parent.id}'s "
-                                                          f"{had!r}; leave it unset to keep the parent's"))
+                                                          f"{had!r}; a warm start keeps it: set {field} to {had!r} "
+                                                          "(or leave it unset), or drop init to train from scratch"))
     if errors:
         raise InvalidRequest(f"{errors[0].field}: {errors[0].message}", errors=errors)
     return parent

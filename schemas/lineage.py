@@ -17,6 +17,12 @@ from pydantic import Field
 from schemas.validation_report import CategoryAcceptance
 from schemas.work_files import CodeEnvironment, LenientModel, PinnedSource, VersionedFile
 
+VARIANT_UPGRADES = frozenset({("dflash", "dflash2")})
+"""(parent variant, job variant) pairs a warm start bridges (trainer/drafter/upgrade.py): a DFlash parent starts a
+DFlash 2 drafter that first drafts the parent's tokens. A DFlash 2 parent has no DFlash form."""
+WARM_START_KEEPS = ("num_layers", "mask_token_id")
+"""What a job must share with its parent drafter; block size, taps and the draft vocabulary are mapped."""
+
 
 class DrafterShape(VersionedFile):
     """The drafter's shape, from its exported drafter/config.json: what a warm start from it must match."""

@@ -90,15 +90,23 @@ def test_a_warm_start_names_one_of_the_organisations_drafters_of_the_same_shape(
     assert response.status_code == 404, response.text
     assert response.json()["type"] == "urn:draftsmith:problem:not-found"
     assert drafter in response.json()["detail"] and "init.from_drafter" in response.json()["detail"]
-    response = harness.client.post("/v1/jobs", json={**SPEC, "drafter": {"block_size": 8, "num_layers": 1},
-                                                     "init": {"from_drafter": drafter}}, headers=owner.headers)
-    assert response.status_code == 422
-    assert response.json()["errors"][0]["field"] == "drafter.block_size"
-    assert "set drafter.block_size to 4" in response.json()["errors"][0]["message"]
+    # What no upgrade bridges: another depth, a DFlash 2 parent for a DFlash job (the parent is DFlash 2).
+    for drafter_fields, field, fix in (({"block_size": 4, "num_layers": 2}, "drafter.num_layers",
+                                        "set drafter.num_layers to 1"),
+                                       ({"block_size": 4, "num_layers": 1, "variant": "dflash"}, "drafter.variant",
+                                        "set drafter.variant to 'dflash2'")):
+        response = harness.client.post("/v1/jobs", json={**SPEC, "drafter": drafter_fields,
+                                                         "init": {"from_drafter": drafter}}, headers=owner.headers)
+        assert response.status_code == 422
+        assert response.json()["errors"][0]["field"] == field and fix in response.json()["errors"][0]["message"]
     response = harness.client.post("/v1/jobs", json={**SPEC, "init": {"from_drafter": "drf_nope"}},
                                    headers=owner.headers)
     assert response.status_code == 422 and response.json()["errors"][0]["field"] == "init.from_drafter"
     assert harness.row_counts() == before  # nothing was written
+    # Another block size is mapped (no weight depends on it): admitted.
+    response = harness.client.post("/v1/jobs", json={**SPEC, "drafter": {"block_size": 8, "num_layers": 1},
+                                                     "init": {"from_drafter": drafter}}, headers=owner.headers)
+    assert response.status_code == 201, response.text
 
 
 def test_an_audit_is_admitted_with_its_defaults_resolved_and_queued_by_task_name(harness):

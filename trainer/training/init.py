@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from schemas.lineage import VARIANT_UPGRADES
 from schemas.work_files import ParentOrigin
 from trainer.data.store import Example
 from trainer.drafter.config import DrafterConfig
@@ -115,7 +116,7 @@ def warm_start_mismatches(parent: DrafterConfig, config: DrafterConfig) -> list[
                                         num_layers=config.num_target_layers)
     for name, field in JOB_FIELDS.items():
         had, wants = getattr(parent, name), getattr(config, name)
-        if had == wants or (name == "variant" and (had, wants) == ("dflash", "dflash2")):  # DFlash 2 upgrade
+        if had == wants or (name == "variant" and (had, wants) in VARIANT_UPGRADES):
             continue
         if name == "mask_token_id":
             fix = f"set {field} to {had!r} or leave it unset to keep the parent's, or train from scratch"
