@@ -71,4 +71,6 @@ def parent_text(warm_start: WarmStart) -> str:
         text += "; upgraded: " + "; ".join(parent.upgrades)
     if parent.dropped_tensors:
         text += "; dropped: " + "; ".join(parent.dropped_tensors)
+    if parent.notes:
+        text += "; note: " + "; ".join(parent.notes)
     return text

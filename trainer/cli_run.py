@@ -271,5 +271,9 @@ def run(target_spec, base_spec, out_dir, spec_file, resume, prompts, num_prompts
         "recommended_block_size": report.recommended_block_size,
     }, indent=2))
     click.echo(f"report: {Path(out_dir) / 'report.html'}")  # the same figures as charts; opens from disk
+    if report.warm_start is not None and report.warm_start.advice:  # which drafter to serve: this one or its parent
+        from report.warm_start import advice_text
+
+        click.echo(f"warm start: {advice_text(report.warm_start)}")
     if report.serving_advice is not None:  # last, so it is what a person reads: e.g. do not enable it here
         click.echo(report.serving_advice.summary)

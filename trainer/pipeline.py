@@ -272,8 +272,8 @@ def response_backend(name: str, target) -> Iterator[ResponseBackend | None]:
 def parent_description(prepared: PreparedParent | None, name: str) -> WarmStartParent:
     """report.json's `warm_start.parent`: the parent as the job named it, with its format and what the warm start
     changed as prepare recorded them (an older prepare.json records none of these)."""
-    origin = getattr(prepared, "origin", None)
-    recorded = origin.to_json() if origin is not None else {}
+    origin = getattr(prepared, "origin", None)  # a model, or a plain object where prepare.json is newer than this code
+    recorded = origin.to_json() if hasattr(origin, "to_json") else origin if isinstance(origin, dict) else {}
     fields = {key: recorded[key] for key in WarmStartParent.model_fields if key in recorded and key != "name"}
     return WarmStartParent.read({"name": name, **fields})
 

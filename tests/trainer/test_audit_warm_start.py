@@ -100,6 +100,9 @@ def test_an_audit_against_its_own_target_reproduces_validation_and_recommends_ke
     assert report["recommendation"]["action"] == "keep" and report["recommendation"]["gain_ratio"] == 1.0
     assert report["reference"]["delta"] == 0.0
     assert AuditResult.read(report).version == AuditResult.VERSION
+    # The mode it was measured in is the job's own (greedy, the template's default thinking, no system prompt).
+    assert report["serving_mode"] == world["report"]["serving_mode"]
+    assert (report["serving_mode"]["temperature"], report["serving_mode"]["has_system_prompt"]) == (0.0, False)
 
 
 def test_an_audit_against_another_fine_tune_reports_the_drop_and_recommends_a_warm_start(world, audits):

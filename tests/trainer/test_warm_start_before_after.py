@@ -99,3 +99,21 @@ def test_the_paired_gain_is_the_ratio_of_taus_and_only_an_interval_above_1_serve
     gain = paired_gain(mixed, parent, temperature=0.0, seed=0)
     assert gain["ci95"][0] <= 1.0
     assert advice_from_gain(gain)[0] == "keep_parent"
+
+
+def test_the_parents_origin_and_format_recorded_at_prepare_reach_the_report_and_the_card():
+    from schemas.work_files import PreparedParent
+    from trainer.pipeline import parent_description
+
+    prepared = PreparedParent.read({"path": "/work/parent", "origin": {
+        "format": "z-lab", "variant": "dflash", "upgrades": ["DFlash to DFlash 2 (identity convolutions)"],
+        "dropped_tensors": ["lm_head.weight (the target's own head)"], "notes": ["taps kept from the parent"]}})
+    parent = parent_description(prepared, "hf://z-lab/smollm2-dflash")
+    assert parent.name == "hf://z-lab/smollm2-dflash" and parent.format == "z-lab" and parent.variant == "dflash"
+    report = ValidationReport(warm_start={"parent": parent.to_json(), "prompts": 6, "parent_tau": 1.2, "tau": 1.3})
+    assert ("Started from the parent drafter `hf://z-lab/smollm2-dflash` (z-lab format, dflash); upgraded: DFlash to "
+            "DFlash 2 (identity convolutions); dropped: lm_head.weight (the target's own head); note: taps kept from "
+            "the parent.") in _warm_start(report)
+    assert "z-lab format, dflash" in render_report_html(report, [])
+    older = parent_description(PreparedParent.read({"path": "/work/parent"}), "/work/parent")
+    assert older.to_json() == {"name": "/work/parent"}  # a prepare.json that recorded no origin
