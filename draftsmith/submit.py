@@ -46,13 +46,18 @@ def _follow_options(command):
               help="A job spec (JSON body of POST /v1/jobs); --target and --set override its fields.")
 @click.option("--set", "assignments", multiple=True, metavar="FIELD=VALUE",
               help="Set a spec field, e.g. --set training.max_steps=50 --set drafter.block_size=16 (repeatable).")
+@click.option("--from-drafter", "parent", default=None,
+              help="Specialise this parent drafter instead of training from nothing: drf_ID (one of yours), "
+                   "hf://org/name, s3://..., file:///... in any supported format (sets init.from_drafter).")
 @click.option("--idempotency-key", default=None, help="Submitting again with the same key returns the same job.")
 @_follow_options
-def submit(url, api_key, target, spec_file, assignments, idempotency_key, wait, download_dir) -> None:
+def submit(url, api_key, target, spec_file, assignments, parent, idempotency_key, wait, download_dir) -> None:
     """Submit a drafter-training job; with --wait, exit 0 only if it succeeds."""
     body = json.loads(spec_file.read_text()) if spec_file else {}
     if target:
         body.setdefault("target", {})["uri"] = target
+    if parent:
+        body.setdefault("init", {})["from_drafter"] = parent
     for assignment in assignments:
         _set_field(body, assignment)
     if "target" not in body:

@@ -172,6 +172,10 @@ def parse_spec(body: dict):
               help="For a --target that is a LoRA adapter folder: its base model (directory, bundled name or URI); "
                    "default here: the adapter's base_model_name_or_path when that is a directory on this machine "
                    "(the service always needs target.base).")
+@click.option("--from-drafter", "parent_spec", default=None,
+              help="Start from this parent drafter (a folder or file:// URI) instead of from nothing: ours, the z-lab "
+                   "reference format, vLLM speculators', SpecForge's or a DSpark drafter's backbone, recognised by "
+                   "its files; a DFlash parent is upgraded to DFlash 2. Sets init.from_drafter.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True)
 @click.option("--spec", "spec_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
               help="A job spec (the JSON body of POST /v1/jobs); flags given here override its fields.")
@@ -218,7 +222,7 @@ def parse_spec(body: dict):
 @sampling_options
 @device_options(default=None)
 @user_errors
-def run(target_spec, base_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, variant, num_layers, block_size,
+def run(target_spec, base_spec, parent_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, variant, num_layers, block_size,
         target_layers, mask_token_id, steps, train_minutes, batch_size, anchors_per_sequence, lr, zero_stage,
         position_weighting, dpace_alpha, acceptance_loss_weight, allow_pickle, init, nproc, generation_batch_size, preset, budget_minutes, validation_prompts,
         validation_max_new_tokens, sampling_draws, device, dtype, **sampling) -> None:
@@ -243,6 +247,8 @@ def run(target_spec, base_spec, out_dir, spec_file, resume, prompts, num_prompts
     if base_spec is None and target_spec is not None:
         base_spec = local_adapter_base(target_spec)
     body = job_body(spec_file, target_spec, prompts, flags, base=base_spec)
+    if parent_spec is not None:
+        body["init"] = {**body.get("init", {}), "from_drafter": target_uri(parent_spec)}
     chosen = run_preset(preset, body, nproc=nproc, budget_minutes=budget_minutes)
     body = lay_under(body, chosen.fields)  # the spec file and the flags win
     body["sampling"] = given_sampling(body.get("sampling", {}), sampling)

@@ -447,3 +447,24 @@ def test_a_job_trains_a_dflash2_drafter_from_a_zlab_dflash_parent(tiny_qwen3, tm
     trained = load_drafter(layout.drafter)
     assert (trained.config.variant, trained.config.block_size) == ("dflash2", 4)
     assert trained.config.target_layer_ids == parent.config.target_layer_ids
+
+
+def test_draftsmith_run_from_drafter_starts_the_job_from_that_parent(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    import trainer.pipeline
+    from draftsmith.cli import main as cli
+
+    parent = tmp_path / "published-drafter"
+    parent.mkdir()
+    seen = {}
+
+    def stop_at_execute(self, resume=False):
+        seen["config"] = self.config
+        raise SystemExit(0)
+
+    monkeypatch.setattr(trainer.pipeline.Run, "execute", stop_at_execute)
+    CliRunner().invoke(cli, ["run", "--target", "smollm2-135m", "--from-drafter", str(parent),
+                             "--out", str(tmp_path / "o")])
+    assert seen["config"].train.init == f"drafter:{parent.resolve()}"
+    assert seen["config"].train.parent_drafter == str(parent.resolve())
