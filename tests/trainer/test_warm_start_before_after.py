@@ -117,3 +117,19 @@ def test_the_parents_origin_and_format_recorded_at_prepare_reach_the_report_and_
     assert "z-lab format, dflash" in render_report_html(report, [])
     older = parent_description(PreparedParent.read({"path": "/work/parent"}), "/work/parent")
     assert older.to_json() == {"name": "/work/parent"}  # a prepare.json that recorded no origin
+
+
+def test_compare_with_parent_measures_a_parent_on_disk_the_way_validation_does(tiny_qwen3, beside_itself, tmp_path):
+    from trainer.audit import compare_with_parent
+    from trainer.drafter.checkpoint import save_drafter
+
+    drafter = random_drafter(tiny_qwen3, block_size=BLOCK, num_layers=1)  # the drafter `beside_itself` validated
+    save_drafter(drafter, tmp_path / "parent")
+    paired = compare_with_parent(tiny_qwen3, tmp_path / "parent", prompts(4), SERVED, max_new_tokens=12, tau=1.0,
+                                 drafter=drafter)
+    assert paired["parent_tau_greedy"] == beside_itself.warm_start.parent_tau_greedy.to_json()
+    assert paired["parent_tau_sampled"] == beside_itself.warm_start.parent_tau_sampled.to_json()
+    assert paired["gain_sampled"]["ratio"] == 1.0 and paired["advice"] == "keep_parent"
+    alone = compare_with_parent(tiny_qwen3, tmp_path / "parent", prompts(4), SERVED, max_new_tokens=12, tau=1.5)
+    assert alone["parent_tau"] == beside_itself.warm_start.parent_tau and alone["gain_over_parent"] == round(
+        1.5 - alone["parent_tau"], 4)
