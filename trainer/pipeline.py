@@ -273,7 +273,7 @@ def parent_description(prepared: PreparedParent | None, name: str) -> WarmStartP
     """report.json's `warm_start.parent`: the parent as the job named it, with its format and what the warm start
     changed as prepare recorded them (an older prepare.json records none of these)."""
     origin = getattr(prepared, "origin", None)  # a model, or a plain object where prepare.json is newer than this code
-    recorded = origin.to_json() if hasattr(origin, "to_json") else origin if isinstance(origin, dict) else {}
+    recorded: dict = origin if isinstance(origin, dict) else origin.to_json() if origin is not None else {}
     fields = {key: recorded[key] for key in WarmStartParent.model_fields if key in recorded and key != "name"}
     return WarmStartParent.read({"name": name, **fields})
 
@@ -437,7 +437,7 @@ class JobStages:
                           parent=parent)
         if report.warm_start is not None:
             report.warm_start.parent = parent_description(self.prepared().parent_drafter, self.config.parent_name
-                                                          or self.config.train.parent_drafter)
+                                                          or self.config.train.parent_drafter or "")
         if report.passed and self.config.engines != ():  # engine figures only for a drafter that will ship
             from trainer.validation.engines import engine_step
 
