@@ -161,8 +161,9 @@ def prompt_sets(study_data: Path):
     return train, held_out[:HELD_OUT_PROMPTS]
 
 
-def train_drafter(target, data_dir: Path, run_dir: Path, *, steps: int, init: str, log) -> dict:
-    """One drafter through the trainer's own loop (the train stage's code), the default recipe otherwise."""
+def train_drafter(target, data_dir: Path, run_dir: Path, *, steps: int, init: str, log, **train_fields) -> dict:
+    """One drafter through the trainer's own loop (the train stage's code), the default recipe otherwise
+    (`train_fields`: TrainConfig fields that differ from it, e.g. seed and warmup_steps)."""
     from trainer.data.store import DataStore
     from trainer.drafter.config import DrafterConfig
     from trainer.targets.chat import choose_mask_token_id
@@ -175,11 +176,11 @@ def train_drafter(target, data_dir: Path, run_dir: Path, *, steps: int, init: st
     shutil.rmtree(run_dir, ignore_errors=True)
     mask_token_id, _ = choose_mask_token_id(target.tokenizer, target.vocab_size)
     config = DrafterConfig.for_target(target, mask_token_id=mask_token_id, target_layer_ids=TAPS)
-    cfg = TrainConfig(steps=steps, max_minutes=None, checkpoint_every=10**6, init=init)
+    cfg = TrainConfig(steps=steps, max_minutes=None, checkpoint_every=10**6, init=init, **train_fields)
     load_before, cpu0, started = load(), cpu_seconds(), time.perf_counter()
     Trainer(target, DataStore.open(data_dir), run_dir, config, cfg).run()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    info = {"steps": steps, "init": init, "wall_minutes": round((time.perf_counter() - started) / 60, 2),
+    info = {"steps": steps, "init": init, **train_fields, "wall_minutes": round((time.perf_counter() - started) / 60, 2),
             "train_minutes": round(records[-1]["elapsed_s"] / 60, 2),
             "cpu_minutes": round((cpu_seconds() - cpu0) / 60, 2), "load": [load_before, load()],
             "final_loss": records[-1]["loss"], "train_tau_estimate": records[-1]["train_tau_estimate"]}
