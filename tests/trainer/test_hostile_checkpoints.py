@@ -5,16 +5,15 @@ every malformed file class gets its own error code (never internal_error)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from file_audit import make_adapter, opened_paths
 from tiny_targets import make_tiny_target
 
 from bench.hostile_checkpoints import MALFORMED
@@ -23,28 +22,6 @@ from trainer.interruptible import stops_on_request
 from trainer.targets import inspect_target_dir, load_target
 
 ROOT = Path(__file__).resolve().parents[2]
-_OPENED: list[str] | None = None
-
-
-def _audit(event: str, args: tuple) -> None:
-    if _OPENED is not None and event in ("open", "os.listdir", "os.scandir") and args and isinstance(args[0], (str, Path)):
-        _OPENED.append(os.path.realpath(str(args[0])))
-
-
-sys.addaudithook(_audit)  # a hook cannot be removed: it records only inside `opened_paths`
-
-
-@contextmanager
-def opened_paths():
-    """Every path this process opens or lists inside the block (CPython's audit events: the file-access audit)."""
-    global _OPENED
-    _OPENED = []
-    try:
-        yield _OPENED
-    finally:
-        _OPENED = None
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("orgs")
@@ -53,26 +30,6 @@ def folders(tmp_path_factory):
     outside = make_tiny_target(root / "elsewhere" / "model", "llama", seed=2)
     (root / "org-b" / "link").symlink_to(victim)
     return {"root": root, "victim": victim, "base": base, "outside": outside, "link": root / "org-b" / "link"}
-
-
-_ADAPTERS: dict[Path, Path] = {}
-
-
-def make_adapter(base: Path, out: Path, names: str) -> Path:
-    """A LoRA adapter over `base` whose adapter_config.json names `names` as its base (peft saves one adapter per
-    base once; each call copies it and rewrites the name)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    if base not in _ADAPTERS:
-        saved = base.parent / f"{base.name}-lora"
-        get_peft_model(AutoModelForCausalLM.from_pretrained(base),
-                       LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(saved)
-        _ADAPTERS[base] = saved
-    shutil.copytree(_ADAPTERS[base], out)
-    config = json.loads((out / "adapter_config.json").read_text())
-    (out / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": names}))
-    return out
 
 
 def test_an_adapter_s_named_base_is_never_opened_and_every_name_gets_one_message(folders, tmp_path):

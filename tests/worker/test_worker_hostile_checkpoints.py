@@ -8,43 +8,21 @@ cancel during a load that never polls ends the job within seconds."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from api_harness import Harness, build_harness, make_settings
+from file_audit import make_adapter, opened_paths
 from services import fresh_postgres_database
 from tiny_targets import make_tiny_target
 
 from domain.models import Job
 from domain.queue import all_queues
 from schemas.job_spec import JobSpec
-
-_OPENED: list[str] | None = None
-
-
-def _audit(event: str, args: tuple) -> None:
-    if _OPENED is not None and event in ("open", "os.listdir", "os.scandir") and args and isinstance(args[0], (str, Path)):
-        _OPENED.append(os.path.realpath(str(args[0])))
-
-
-sys.addaudithook(_audit)  # permanent once added: it records only inside `opened_paths`
-
-
-@contextmanager
-def opened_paths() -> Iterator[list[str]]:
-    global _OPENED
-    _OPENED = []
-    try:
-        yield _OPENED
-    finally:
-        _OPENED = None
 
 
 @pytest.fixture(scope="module")
@@ -70,26 +48,6 @@ def ctx(world):
 
     settings = world["harness"].settings
     return WorkerContext(settings, frozenset(all_queues(settings)))
-
-
-_ADAPTERS: dict[Path, Path] = {}
-
-
-def make_adapter(base: Path, out: Path, names: str) -> Path:
-    """A LoRA adapter over `base` whose adapter_config.json names `names` as its base (peft saves one adapter per
-    base once; each call copies it and rewrites the name)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    if base not in _ADAPTERS:
-        saved = base.parent / f"{base.name}-lora"
-        get_peft_model(AutoModelForCausalLM.from_pretrained(base),
-                       LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(saved)
-        _ADAPTERS[base] = saved
-    shutil.copytree(_ADAPTERS[base], out)
-    config = json.loads((out / "adapter_config.json").read_text())
-    (out / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": names}))
-    return out
 
 
 def inject(harness: Harness, job_id: str, **sections) -> None:
