@@ -30,7 +30,13 @@ from trainer.errors import (
 )
 from trainer.targets.adapters import adapter_digest, merge_adapter, model_and_adapter
 from trainer.targets.families import ADD_A_FAMILY_HINT, SUPPORTED_MODEL_TYPES, Rollback, describe
-from trainer.targets.preflight import check_config_sizes, preflight, read_config, read_config_file
+from trainer.targets.preflight import (
+    check_config_sizes,
+    preflight,
+    read_config,
+    read_config_file,
+    read_weight_map,
+)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILE_SETS = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
@@ -60,47 +66,38 @@ def _inspect_model_dir(path: Path, allow_pickle: bool, limits: TargetLimits) -> 
         raise TargetError(f"target {path}: architecture {model_type!r} ({architectures}) is not supported; "
                           f"supported model_type values: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}; "
                           f"{ADD_A_FAMILY_HINT}")
-    weight_files = _check_weights(path, allow_pickle)
+    weight_files, weight_map = _check_weights(path, allow_pickle)
     if not _has_tokenizer(path):
         raise TargetError(f"target {path}: tokenizer files are missing; save the tokenizer into the model "
                           "directory (tokenizer.json, or tokenizer.model, or vocab.json + merges.txt)")
     if weight_files:
-        preflight(path, config, limits, weight_files)
+        preflight(path, config, limits, weight_files, weight_map)
     else:  # pickled weights (the job allowed them): no header to read, the config's own sizes are still judged
         check_config_sizes(config, limits)
     return config
 
 
-def _check_weights(path: Path, allow_pickle: bool) -> list[Path]:
-    """The safetensors files the model loads from (empty: pickled weights the job allows)."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_bytes()).get("weight_map", {})
-            shards = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError):
-            raise WeightsHeaderInvalid("target model.safetensors.index.json is not a JSON object with a weight_map "
-                                       "of file names; save the weights again") from None
-        # A shard is a file name inside this folder: a path in the index is data, never a location to open.
-        outside = [s for s in shards if not isinstance(s, str) or Path(s).name != s]
-        if outside:
-            raise WeightsHeaderInvalid(f"target model.safetensors.index.json names {outside[0]!r} as a shard; shards "
-                                       "are file names in the model folder: save the weights again")
-        missing = sorted(s for s in shards if not (path / s).is_file())
+def _check_weights(path: Path, allow_pickle: bool) -> tuple[list[Path], dict[str, str] | None]:
+    """The safetensors files the model loads from (empty: pickled weights the job allows) and its index's weight
+    map (None: not sharded)."""
+    weight_map = read_weight_map(path)
+    if weight_map is not None:
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if not (path / s).is_file()]
         if missing:
             raise TargetError(f"target {path}: weight shard {missing[0]} listed in model.safetensors.index.json "
                               "is missing; copy every shard into the directory")
-        return [path / s for s in shards]
+        return [path / s for s in shards], weight_map
     found = sorted(path.glob("*.safetensors"))
     if found:
-        return found
+        return found, None
     pickled = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickled and not allow_pickle:
         raise TargetError(f"target {path}: only pickle weights ({pickled[0]}) were found; convert them to "
                           "safetensors (save_pretrained(..., safe_serialization=True)) or set allow_pickle on the job")
     if not pickled:
         raise TargetError(f"target {path}: no weights found; expected model.safetensors or sharded *.safetensors")
-    return []
+    return [], None
 
 
 def default_dtype(device: torch.device) -> torch.dtype:

@@ -67,11 +67,12 @@ class TensorEntry:
         return math.prod(self.shape)
 
 
-def preflight(path: Path, config: dict, limits: TargetLimits, weight_files: list[Path]) -> dict[str, TensorEntry]:
-    """Judge a target folder's config and safetensors headers against each other and `limits`; return the
-    checkpoint's tensors by name. Reads config.json's values and each header, nothing else."""
+def preflight(path: Path, config: dict, limits: TargetLimits, weight_files: list[Path],
+              weight_map: dict[str, str] | None = None) -> dict[str, TensorEntry]:
+    """Judge a target folder's config and safetensors headers (and its index's `weight_map`, if sharded) against
+    each other and `limits`; return the checkpoint's tensors by name. Reads each header, nothing else."""
     check_config_sizes(config, limits)
-    tensors = read_checkpoint_tensors(path, weight_files)
+    tensors = read_checkpoint_tensors(weight_files, weight_map)
     total = sum(entry.numel for entry in tensors.values())
     if total > limits.max_parameters:
         raise TargetTooLarge(f"target: its safetensors files hold {total:,} parameters, more than this deployment "
@@ -88,7 +89,8 @@ def text_config(config: dict) -> dict:
 
 
 def check_config_sizes(config: dict, limits: TargetLimits) -> None:
-    for scope in {id(config): config, id(text_config(config)): text_config(config)}.values():
+    nested = text_config(config)
+    for scope in (config,) if nested is config else (config, nested):
         for name, limit_name in SIZE_FIELDS.items():
             if name not in scope or scope[name] is None:
                 continue
@@ -194,7 +196,26 @@ def _entry(name: str, key: str, value: object, data_bytes: int) -> TensorEntry:
     return TensorEntry(name, dtype, tuple(shape))
 
 
-def read_checkpoint_tensors(path: Path, weight_files: list[Path]) -> dict[str, TensorEntry]:
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def read_weight_map(path: Path) -> dict[str, str] | None:
+    """A sharded checkpoint's index (tensor name -> shard file), None without one. A shard is a bare file name in
+    the folder: a path in the index is data, never a location to open."""
+    index = path / INDEX_FILE
+    if not index.is_file():
+        return None
+    weight_map = read_config_file(index, WeightsHeaderInvalid).get("weight_map", {})
+    if not isinstance(weight_map, dict):
+        raise WeightsHeaderInvalid(f"target {INDEX_FILE}: weight_map is not an object; save the weights again")
+    for shard in weight_map.values():
+        if not isinstance(shard, str) or Path(shard).name != shard:
+            raise WeightsHeaderInvalid(f"target {INDEX_FILE} names {shard!r} as a shard; shards are file names in "
+                                       "the model folder: save the weights again")
+    return weight_map
+
+
+def read_checkpoint_tensors(weight_files: list[Path], weight_map: dict[str, str] | None) -> dict[str, TensorEntry]:
     """Every tensor of the checkpoint by name, across its shards; an index must name exactly what they hold."""
     tensors: dict[str, TensorEntry] = {}
     for file in weight_files:
@@ -203,17 +224,10 @@ def read_checkpoint_tensors(path: Path, weight_files: list[Path]) -> dict[str, T
                 raise WeightsTensorDuplicate(f"target: tensor {key!r} is in both {tensors[key].file} and {file.name}; "
                                              "keep one copy (save the weights again)")
             tensors[key] = entry
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_bytes()).get("weight_map", {})
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            raise WeightsHeaderInvalid("target model.safetensors.index.json is not a JSON object with a weight_map; "
-                                       "save the weights again") from None
-        for key, file in weight_map.items():
-            if key not in tensors or tensors[key].file != file:
-                raise TargetShapeMismatch(f"target model.safetensors.index.json: {key!r} is listed in {file!r}, "
-                                          "which does not hold it; save the weights again")
+    for key, file in (weight_map or {}).items():
+        if key not in tensors or tensors[key].file != file:
+            raise TargetShapeMismatch(f"target {INDEX_FILE}: {key!r} is listed in {file!r}, which does not hold it; "
+                                      "save the weights again")
     return tensors
 
 
