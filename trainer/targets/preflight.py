@@ -224,9 +224,9 @@ def read_checkpoint_tensors(weight_files: list[Path], weight_map: dict[str, str]
                 raise WeightsTensorDuplicate(f"target: tensor {key!r} is in both {tensors[key].file} and {file.name}; "
                                              "keep one copy (save the weights again)")
             tensors[key] = entry
-    for key, file in (weight_map or {}).items():
-        if key not in tensors or tensors[key].file != file:
-            raise TargetShapeMismatch(f"target {INDEX_FILE}: {key!r} is listed in {file!r}, which does not hold it; "
+    for key, shard in (weight_map or {}).items():
+        if key not in tensors or tensors[key].file != shard:
+            raise TargetShapeMismatch(f"target {INDEX_FILE}: {key!r} is listed in {shard!r}, which does not hold it; "
                                       "save the weights again")
     return tensors
 
