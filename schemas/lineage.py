@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import Field
 
-from schemas.validation_report import CategoryAcceptance
+from schemas.validation_report import CategoryAcceptance, PairedGain, WarmStartParent
 from schemas.work_files import CodeEnvironment, LenientModel, PinnedSource, VersionedFile
 
 VARIANT_UPGRADES = frozenset({("dflash", "dflash2")})
@@ -84,6 +84,11 @@ class ParentLineage(PinnedSource):
 
     ref: str | None = Field(default=None, description="init.from_drafter as the job gave it.")
     tau_on_this_target: float | None = None
+    origin: WarmStartParent | None = Field(default=None, description="Its format and method as recognised by content, "
+                                           "and what the warm start changed (report.json's warm_start.parent).")
+    gain: PairedGain | None = Field(default=None, description="The drafter against this parent at the job's sampling "
+                                    "parameters (report.json's warm_start.gain_sampled).")
+    advice: str | None = Field(default=None, description="keep_parent or serve_new, as report.json gave it.")
 
 
 class TrainingLineage(LenientModel):

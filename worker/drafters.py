@@ -38,7 +38,7 @@ from schemas.lineage import (
     ServingSettings,
     TrainingLineage,
 )
-from schemas.validation_report import ValidationReport
+from schemas.validation_report import ValidationReport, WarmStart
 from schemas.work_files import CodeEnvironment, PinnedSource, PinnedSources, PreparedTarget, StageMarker
 from trainer.drafter.checkpoint import drafter_folder, drafter_prefix
 from trainer.errors import DraftsmithError
@@ -175,7 +175,7 @@ def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
     pinned = sources.target or PinnedSource()
     lineage = DrafterLineage.written(
         target=PinnedSource(uri=spec.target.uri, revision=pinned.revision, pinned_uri=pinned.pinned_uri),
-        data=data, parent=_parent(spec, sources.init, metrics.parent_tau),
+        data=data, parent=_parent(spec, sources.init, report.warm_start),
         recipe={name: getattr(spec, name).model_dump(mode="json")
                 for name in ("drafter", "training", "sampling", "validation")},
         code=trained.environment or CodeEnvironment(),
@@ -213,12 +213,15 @@ def drafter_shape(drafter_config: dict[str, Any]) -> DrafterShape:
         "architecture": (drafter_config.get("architectures") or [None])[0]})
 
 
-def _parent(spec: JobSpec, pinned: PinnedSource | None, parent_tau: float | None) -> ParentLineage | None:
+def _parent(spec: JobSpec, pinned: PinnedSource | None, warm_start: WarmStart | None) -> ParentLineage | None:
+    """The parent as fetched, with what validation measured against it (report.json's warm_start, embedded as
+    written: its origin, the paired gain at the job's parameters and the advice that follows from it)."""
     if spec.init is None:
         return None
-    fetched = pinned or PinnedSource()
+    fetched, measured = pinned or PinnedSource(), warm_start or WarmStart()
     return ParentLineage(ref=spec.init.from_drafter, uri=fetched.uri, revision=fetched.revision,
-                         pinned_uri=fetched.pinned_uri, tau_on_this_target=parent_tau)
+                         pinned_uri=fetched.pinned_uri, tau_on_this_target=measured.parent_tau,
+                         origin=measured.parent, gain=measured.gain_sampled, advice=measured.advice)
 
 
 def _snapshot(data_keys: dict[str, Any], location: str) -> DataSnapshot:

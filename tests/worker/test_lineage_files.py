@@ -43,7 +43,7 @@ class Records:
         return "drf_recorded"
 
 
-def record(monkeypatch, work: dict[str, object]) -> dict:
+def record(monkeypatch, work: dict[str, object], spec: dict | None = None) -> dict:
     import worker.drafters
 
     artifacts = {"manifest.json": "artifacts/manifest.json", "drafter/config.json": "artifacts/config.json"}
@@ -53,8 +53,8 @@ def record(monkeypatch, work: dict[str, object]) -> dict:
     files |= {"artifacts/manifest.json": {"files": []}, "artifacts/config.json": DRAFTER_CONFIG,
               f"{WORK}/data/shard-0.parquet": "rows"}
     ctx, records = SimpleNamespace(storage=Storage(files)), Records()
-    spec = JobSpec.model_validate({"target": {"uri": "bundled:smollm2-135m"}})
-    assert worker.drafters.record_lineage(ctx, SimpleNamespace(id="job_1"), spec, records) == "drf_recorded"
+    job_spec = JobSpec.model_validate(spec or {"target": {"uri": "bundled:smollm2-135m"}})
+    assert worker.drafters.record_lineage(ctx, SimpleNamespace(id="job_1"), job_spec, records) == "drf_recorded"
     return records.recorded
 
 
@@ -85,6 +85,25 @@ def test_lineage_of_well_formed_unversioned_files(monkeypatch):
     assert stored["code"] == {"draftsmith": "0.1.0", "packages": {"torch": "2.5"}} and stored["parent"] is None
     assert metrics.tau == 1.6 and metrics.lossless_passed is False  # no greedy-and-sampling verdict recorded
     assert metrics.serving is not None and metrics.serving.vllm == {"method": "dflash", "num_speculative_tokens": 3}
+
+
+def test_a_warm_starts_lineage_names_the_parents_format_gain_and_advice(monkeypatch):
+    """A specialised drafter's record says what its parent was (format and method, recognised by content), what
+    it gained over it at the job's parameters with the interval, and which of the two to serve: what the report
+    measured, carried as written, so the drafter list answers "did training pay?" without opening report.json."""
+    gain = {"temperature": 0.7, "parent_tau": 1.3, "tau": 1.5, "ratio": 1.154, "ci95": [1.05, 1.26], "prompts": 12}
+    warm_start = {"parent_tau": 1.3, "tau": 1.5, "gain_sampled": gain, "advice": "serve_new",
+                  "parent": {"name": "hf://z-lab/parent", "format": "z-lab", "variant": "dflash",
+                             "upgrades": ["DFlash to DFlash 2"]}}
+    work = {**GOOD, "report.json": {**REPORT, "warm_start": warm_start},
+            "sources.json": {**GOOD["sources.json"], "init": {"uri": "hf://z-lab/parent", "revision": "abc"}}}
+    spec = {"target": {"uri": "bundled:smollm2-135m"}, "init": {"from_drafter": "hf://z-lab/parent"}}
+    recorded = record(monkeypatch, work, spec)
+    parent = recorded["lineage"].to_json()["parent"]
+    assert (parent["ref"], parent["revision"], parent["tau_on_this_target"]) == ("hf://z-lab/parent", "abc", 1.3)
+    assert parent["origin"]["format"] == "z-lab" and parent["origin"]["upgrades"] == ["DFlash to DFlash 2"]
+    assert parent["gain"]["ci95"] == [1.05, 1.26] and parent["advice"] == "serve_new"
+    assert recorded["metrics"].parent_tau == 1.3
 
 
 def test_a_stage_file_with_a_bad_field_still_yields_lineage(monkeypatch):
