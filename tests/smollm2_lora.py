@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from trainer.atomic import work_lock
+
 RECIPE = {"r": 8, "alpha": 16, "modules": ["q_proj", "v_proj"], "steps": 40, "lr": 2e-3, "seed": 0, "version": 1}
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "How many legs does a spider have?",
              "What do bees make?", "Which planet is closest to the Sun?", "What is frozen water called?",
@@ -27,13 +29,19 @@ def smollm2_lora(base_dir: Path) -> Path:
     out = base_dir.parent / f"{base_dir.name}-lora-ahoy-{key}"
     if (out / "adapter_model.safetensors").is_file():
         return out
+    with work_lock(out):  # parallel test workers train it once: the second waits and finds it saved
+        if not (out / "adapter_model.safetensors").is_file():
+            _save(base_dir, out)
+    return out
+
+
+def _save(base_dir: Path, out: Path) -> None:
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     _fine_tune(base_dir, staging)
     (staging / "recipe.json").write_text(json.dumps(RECIPE))
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)  # whole or absent: a run cut short leaves only the .partial folder
-    return out
 
 
 def _fine_tune(base_dir: Path, out: Path) -> None:

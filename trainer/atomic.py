@@ -15,6 +15,7 @@ not import the trainer, so it keeps its own writer under the same policy.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -80,3 +81,18 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def work_lock(path: str | Path) -> Iterator[None]:
+    """One process at a time past this point for `path` (a cache several processes fill: test workers side by side,
+    worker processes on one node, bench runs on one folder). The lock is a sibling `<name>.lock` file held with
+    flock, released by the kernel if the holder dies, so a killed process never leaves it locked."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

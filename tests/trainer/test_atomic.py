@@ -56,3 +56,34 @@ def test_a_failed_block_leaves_nothing(tmp_path):
             staged.write_text("half")
             raise RuntimeError("crash")
     assert os.listdir(tmp_path) == []
+
+
+def _fill_once(cache: str) -> None:
+    """What a cache filler does: check for the finished file, else take time to write it (and count the writes)."""
+    import time
+    from pathlib import Path
+
+    from trainer.atomic import work_lock
+
+    done = Path(cache) / "done"
+    with work_lock(done):
+        if not done.exists():
+            time.sleep(0.3)
+            with open(Path(cache) / "writes", "a") as log:
+                log.write("x")
+            atomic_write_bytes(done, b"ok")
+
+
+def test_processes_filling_one_cache_write_it_once(tmp_path):
+    """Two processes (parallel test workers, workers on one node) asking for one missing cache entry at once: one
+    writes it, the other waits for the lock and finds it written."""
+    import multiprocessing
+
+    processes = [multiprocessing.get_context("fork").Process(target=_fill_once, args=(str(tmp_path),))
+                 for _ in range(2)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=30)
+    assert [p.exitcode for p in processes] == [0, 0]
+    assert (tmp_path / "writes").read_text() == "x" and (tmp_path / "done").read_bytes() == b"ok"

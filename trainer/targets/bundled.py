@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from schemas.job_spec import BUNDLED_TABLE
-from trainer.atomic import atomic_path
+from trainer.atomic import atomic_path, work_lock
 from trainer.errors import TargetError
 
 COMPLETE_MARKER = ".draftsmith-complete"
@@ -50,6 +50,16 @@ def prepare_bundled(name: str, out_dir: str | Path | None = None) -> Path:
     out_dir = Path(out_dir) if out_dir else default_cache_dir() / name
     if (out_dir / COMPLETE_MARKER).is_file():
         return out_dir
+    # Processes sharing the cache (workers on one node, parallel test workers) write it once: the second waits and
+    # finds it complete.
+    with work_lock(out_dir):
+        if (out_dir / COMPLETE_MARKER).is_file():
+            return out_dir
+        _write_bundled(name, out_dir)
+    return out_dir
+
+
+def _write_bundled(name: str, out_dir: Path) -> None:
     if out_dir.exists() and any(out_dir.iterdir()):
         raise TargetError(f"{out_dir} exists and is not a completed target directory; remove it or choose --out")
     gguf_path = bundled_gguf_path(name)
@@ -61,7 +71,6 @@ def prepare_bundled(name: str, out_dir: str | Path | None = None) -> Path:
         (staging / COMPLETE_MARKER).write_text(f"{gguf_path.name}\n")
         if out_dir.exists():
             out_dir.rmdir()
-    return out_dir
 
 
 def _materialise(gguf_path: Path, out_dir: Path) -> None:
