@@ -92,7 +92,8 @@ def heldout_references(target, references_dir: Path, tap_layer_ids: list[int], t
 def score_drafter(target, drafter, references) -> dict:
     """A drafter's held-out row: tau with its 95 % bootstrap interval over prompts, per-position acceptance,
     oracle tau, tau by category, and the per-prompt (tokens, cycles) that paired intervals resample."""
-    from trainer.validation.replay import bootstrap_interval, replay_acceptance
+    from trainer.bootstrap import bootstrap_interval
+    from trainer.validation.replay import replay_acceptance
 
     result = replay_acceptance(target, drafter, references)
     overall = result.stats.overall
@@ -126,7 +127,7 @@ def append_result(work: Path, row: dict) -> None:
 def paired_delta(row: dict, base: dict) -> tuple[float, float, float] | None:
     """tau(row) - tau(base) with its paired 95 % interval, or None when they were not measured on the same
     prompts."""
-    from trainer.validation.replay import bootstrap_interval
+    from trainer.bootstrap import bootstrap_interval
 
     if len(base["per_prompt"]) != len(row["per_prompt"]):
         return None
@@ -136,8 +137,8 @@ def paired_delta(row: dict, base: dict) -> tuple[float, float, float] | None:
 
 def paired_ratio(row: dict, base: dict, draws: int = 4000, seed: int = 0) -> tuple[float, float, float] | None:
     """tau(row) / tau(base) with the paired percentile-bootstrap 95 % interval (prompts resampled together): the
-    statistic a warm-started job's report.json gives (trainer/validation/replay.py `paired_ratio_interval`)."""
-    from trainer.validation.replay import paired_ratio_interval
+    statistic a warm-started job's report.json gives (trainer/bootstrap.py `paired_ratio_interval`)."""
+    from trainer.bootstrap import paired_ratio_interval
 
     if len(base["per_prompt"]) != len(row["per_prompt"]):
         return None

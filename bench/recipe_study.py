@@ -199,33 +199,21 @@ def print_table(work: Path, baseline: str = "baseline") -> str:
 
 def seed_pooled_ratio(runs: list[dict], references: list[dict], draws: int = 4000,
                       seed: int = 0) -> tuple[float, float, float] | None:
-    """tau(row) / tau(reference) over all seeds of both, with a 95 % interval from a two-level bootstrap: each
-    draw resamples the training seeds of each side (independent runs) and the held-out prompts (shared by both
-    sides, so the prompt difficulty cancels in the ratio). None when the runs were not all scored on the same
-    prompts."""
-    import random
+    """tau(row) / tau(reference) over all seeds of both, with a 95 % interval from a two-level bootstrap
+    (trainer/bootstrap.py `seed_pooled_ratio_interval`): each draw resamples the training seeds of each side
+    (independent runs) and the held-out prompts (shared by both sides, so the prompt difficulty cancels in the
+    ratio). None when the runs were not all scored on the same prompts."""
+    from trainer.bootstrap import ratio_of_sums, seed_pooled_ratio_interval
 
     if not runs or not references:
         return None
     count = len(runs[0]["per_prompt"])
     if any(len(r["per_prompt"]) != count for r in runs + references):
         return None
-
-    def tau(side: list[dict], seeds: list[int], prompts: list[int]) -> float:
-        emitted = sum(side[s]["per_prompt"][p][0] for s in seeds for p in prompts)
-        return emitted / max(1, sum(side[s]["per_prompt"][p][1] for s in seeds for p in prompts))
-
-    everything = list(range(count))
-    point = tau(runs, list(range(len(runs))), everything) / tau(references, list(range(len(references))), everything)
-    rng = random.Random(seed)
-    ratios = []
-    for _ in range(draws):
-        prompts = [rng.randrange(count) for _ in everything]
-        mine = [rng.randrange(len(runs)) for _ in runs]
-        theirs = [rng.randrange(len(references)) for _ in references]
-        ratios.append(tau(runs, mine, prompts) / tau(references, theirs, prompts))
-    ratios.sort()
-    return point, ratios[int(0.025 * draws)], ratios[min(draws - 1, int(0.975 * draws))]
+    mine, theirs = [r["per_prompt"] for r in runs], [r["per_prompt"] for r in references]
+    point = ratio_of_sums([p for run in mine for p in run]) / ratio_of_sums([p for run in theirs for p in run])
+    low, high = seed_pooled_ratio_interval(mine, theirs, draws=draws, seed=seed)
+    return point, low, high
 
 
 def print_ratios(work: Path, reference: str = "bf16") -> str:

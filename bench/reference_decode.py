@@ -50,7 +50,7 @@ def reference_score(target, drafter_dir: Path, references, prompts: int, max_new
     import dflash.model
     import torch
 
-    from trainer.validation.replay import bootstrap_interval
+    from trainer.bootstrap import bootstrap_interval
 
     model = reference_model(drafter_dir)
     per_prompt, mismatches = [], []

@@ -46,11 +46,11 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from schemas import recipe
+    from trainer.bootstrap import bootstrap_interval
     from trainer.data.prompts import load_prompts, split_prompts
     from trainer.device import load_target_on
     from trainer.drafter.checkpoint import load_drafter
     from trainer.targets.bundled import resolve_target_path
-    from trainer.validation.replay import bootstrap_interval
 
     target = load_target_on(resolve_target_path(args.target), args.device)
     _, holdout = split_prompts(load_prompts(), recipe.HOLDOUT_SHARE)

@@ -89,7 +89,7 @@ def kind_rows(results: dict[str, dict], target: str, kind: str, seeds: list[int]
 def render_table(results: dict[str, dict], targets: list[str], seeds: list[int], ratio_interval) -> str:
     """The markdown table: one line per target and kind (seed-pooled tau with its interval, each seed's tau,
     steps and mean training minutes), then the paired ratios. `ratio_interval(per_prompt, baseline)` gives the
-    95 % interval (trainer/validation/replay.py `paired_ratio_interval`; injected so this stays pure)."""
+    95 % interval (trainer/bootstrap.py `paired_ratio_interval`; injected so this stays pure)."""
     lines = ["| target | drafter | steps | train min (mean) | held-out tau, seeds pooled [95 %] | tau per seed |",
              "|---|---|---|---|---|---|"]
     ratio_lines = ["| target | ratio (seeds pooled) | ratio [95 %, paired over prompts] | per seed | seeds |",
@@ -266,10 +266,10 @@ def main() -> None:
     import torch
 
     from bench.heldout import heldout_prompts
+    from trainer.bootstrap import bootstrap_interval, paired_ratio_interval
     from trainer.data.prompts import load_prompts, sample_prompts, split_prompts
     from trainer.device import load_target_on
     from trainer.targets.bundled import resolve_target_path
-    from trainer.validation.replay import bootstrap_interval, paired_ratio_interval
 
     torch.set_num_threads(2)
     train_pool, _ = split_prompts(load_prompts(), recipe.HOLDOUT_SHARE)

@@ -200,8 +200,9 @@ def references(target, prompts, path: Path):
 
 
 def held_out_tau(target, drafter_dir: Path, refs, baseline=None) -> dict:
+    from trainer.bootstrap import bootstrap_interval
     from trainer.drafter.checkpoint import load_drafter
-    from trainer.validation.replay import bootstrap_interval, replay_acceptance
+    from trainer.validation.replay import replay_acceptance
 
     drafter = load_drafter(drafter_dir, target.device, target.dtype)
     result = replay_acceptance(target, drafter, refs)

@@ -10,11 +10,11 @@ from drafters import random_drafter
 from tiny_targets import make_tiny_target
 
 from schemas.sampling import SamplingParams
+from trainer.bootstrap import bootstrap_interval
 from trainer.data.prompts import Prompt
 from trainer.speculative import SpeculativeDecoder
 from trainer.targets import load_target
 from trainer.validation.replay import (
-    bootstrap_interval,
     greedy_references,
     load_references,
     replay_acceptance,

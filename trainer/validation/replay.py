@@ -8,14 +8,12 @@ over it (`GreedyReference`), and any number of drafters can then be measured by 
 the same cycles as `SpeculativeDecoder` (the drafting step is the decoder's own), with every verify pass
 replaced by a comparison and the context features sliced from the stored taps. That makes held-out tau on
 64+ prompts cheap enough to compare recipes, or to choose a checkpoint, with an interval
-(`bootstrap_interval`). The stored taps come from one pass instead of the decoder's incremental ones, so
+(trainer/bootstrap.py `bootstrap_interval`). The stored taps come from one pass instead of the decoder's incremental ones, so
 they can differ in the last float bits: tests/trainer/test_replay.py checks equality with the decoder.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,38 +140,3 @@ def replay_acceptance(target: Target, drafter: Drafter, references: list[GreedyR
         stats.add(reference.category, reference.tokens[reference.prompt_len:], cycles)
         per_prompt.append((sum(c.emitted for c in cycles), len(cycles)))
     return ReplayResult(stats, per_prompt)
-
-
-def bootstrap_interval(per_prompt: list[tuple[int, int]], baseline: list[tuple[int, int]] | None = None,
-                       draws: int = 4000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap over prompts of tau (= total emitted / total cycles), or, given a baseline
-    measured on the same prompts, of the paired difference tau - tau_baseline."""
-
-    def statistic(picks: list[int]) -> float:
-        tau = _tau(per_prompt, picks)
-        return tau if baseline is None else tau - _tau(baseline, picks)
-
-    return _percentile_bootstrap(statistic, len(per_prompt), draws, level, seed)
-
-
-def paired_ratio_interval(per_prompt: list[tuple[int, int]], baseline: list[tuple[int, int]], draws: int = 4000,
-                          level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap of tau / tau_baseline, the two measured on the same prompts and resampled together (so
-    a prompt's difficulty cancels in the ratio)."""
-    if len(per_prompt) != len(baseline):
-        raise ValueError(f"a paired interval needs the same prompts: {len(per_prompt)} != {len(baseline)}")
-    return _percentile_bootstrap(lambda picks: _tau(per_prompt, picks) / _tau(baseline, picks), len(per_prompt),
-                                 draws, level, seed)
-
-
-def _tau(per_prompt: list[tuple[int, int]], picks: list[int]) -> float:
-    return sum(per_prompt[i][0] for i in picks) / max(1, sum(per_prompt[i][1] for i in picks))
-
-
-def _percentile_bootstrap(statistic: Callable[[list[int]], float], count: int, draws: int, level: float,
-                          seed: int) -> tuple[float, float]:
-    rng = random.Random(seed)
-    values = sorted(statistic([rng.randrange(count) for _ in range(count)]) for _ in range(draws))
-    low = values[int((1 - level) / 2 * draws)]
-    high = values[min(draws - 1, int((1 + level) / 2 * draws))]
-    return low, high

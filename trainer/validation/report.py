@@ -40,7 +40,6 @@ group), so a caller can stop validation within seconds by raising from it.
 from __future__ import annotations
 
 import os
-import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -50,6 +49,7 @@ import torch
 from schemas.sampling import SamplingParams
 from schemas.validation_plan import REFERENCE_BATCH, SAMPLED_TOKENS_PER_DRAW, gated_prompt_count, timed_prompt_count
 from schemas.validation_report import REPORT_VERSION, ServingMode, ValidationReport
+from trainer.bootstrap import bootstrap_interval
 from trainer.data.prompts import Prompt
 from trainer.device import DevicePlan, plan_of, synchronize
 from trainer.drafter.model import Drafter, DrafterCache
@@ -337,7 +337,8 @@ def timed_decoding(target: Target, served: SpeculativeDecoder, prompts: list[Pro
         "block_size": served.block_size, "prompts": timed,
         "tau": round(served_stats.tau, 4),
         "ar_tokens_per_s": round(tokens / alone_s, 2), "spec_tokens_per_s": round(tokens / spec_s, 2),
-        "ratio": round(ratio, 3), "ratio_ci95": [round(v, 3) for v in _ratio_interval(per_prompt)],
+        "ratio": round(ratio, 3),  # the speedup is a ratio of sums over prompts, as tau is
+        "ratio_ci95": [round(v, 3) for v in bootstrap_interval([p[:2] for p in per_prompt])],
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     check = {"prompts": len(prompts), "tokens": checked_tokens, "mismatches": mismatches,
@@ -365,17 +366,6 @@ def near_tie(target: Target, prompt_ids: list[int], expected: list[int], got: li
         return None
     return {"expected": expected[position], "got": got[position],
             "logit_gap": round(float((pair[0] - pair[1]).abs()), 6), "resolution": float(resolution)}
-
-
-def _ratio_interval(per_prompt: list[tuple[float, float, int]], draws: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile bootstrap over prompts of (time alone) / (time speculative)."""
-    rng = random.Random(seed)
-    values = []
-    for _ in range(draws):
-        picks = [per_prompt[rng.randrange(len(per_prompt))] for _ in per_prompt]
-        values.append(sum(p[0] for p in picks) / sum(p[1] for p in picks))
-    values.sort()
-    return values[int(0.025 * draws)], values[min(draws - 1, int(0.975 * draws))]
 
 
 def serving_advice(speed: dict, block_size: int) -> dict:

@@ -10,7 +10,7 @@ instead of the target's argmax. So the sampled figure runs `SpeculativeDecoder` 
 records it once and says so (`same_as_greedy`) rather than decoding the prompts twice.
 
 The interval is a percentile bootstrap over prompts (the unit that is independent), seeded, so a report is
-reproducible to the digit.
+reproducible to the digit: trainer/bootstrap.py, the one resampler.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from schemas.sampling import SamplingParams
+from trainer.bootstrap import bootstrap_interval, paired_ratio_interval
 from trainer.data.prompts import Prompt
 from trainer.drafter.model import Drafter
 from trainer.sampling import seeded_generator
@@ -28,7 +29,6 @@ from trainer.speculative import SpeculativeDecoder
 from trainer.targets.loading import Target
 from trainer.validation import served_prompt_ids
 from trainer.validation.acceptance import CategoryStats
-from trainer.validation.replay import bootstrap_interval, paired_ratio_interval
 
 SPECULATIVE_SAMPLING = ("speculative sampling at the job's parameters: the real decoder, rejection sampling against "
                         "the target (trainer/validation/sampled_acceptance.py)")
