@@ -233,7 +233,7 @@ WARM_START_ADVICE = ("keep_parent", "serve_new")
 class PairedGain(_Part):
     """The new drafter against its parent at one set of sampling parameters, on the same prompts with the same
     seeds: tau(new) / tau(parent) with a 95 % paired percentile-bootstrap interval (prompts resampled together,
-    trainer/validation/replay.py `paired_ratio_interval`)."""
+    trainer/bootstrap.py `paired_ratio_interval`)."""
 
     temperature: float | None = None
     parent_tau: float | None = None
