@@ -445,6 +445,41 @@ def test_files_are_renamed_by_the_atomic_writers():
     assert RENAMES_KNOWN <= set(found), f"fixed, delete from RENAMES_KNOWN: {sorted(RENAMES_KNOWN - set(found))}"
 
 
+RESAMPLER = "trainer/bootstrap.py"
+"""The one module that draws bootstrap resamples, for validation's report and every bench table."""
+INDEX_DRAWS = {"randrange", "randint", "choices", "integers", "multinomial"}
+"""Draws of indices with replacement from Python's `random` or numpy: what a bootstrap is made of. torch's own
+(`torch.multinomial` samples a token, `torch.randint` makes test inputs) resample nothing; one pick (`choice`)
+or a shuffle is not a resample either."""
+
+
+def resample_draws(tree: ast.AST) -> list[int]:
+    """Lines that import scipy's `bootstrap`, call a function named `bootstrap`, or draw indices (`INDEX_DRAWS`)
+    from anything but torch."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("scipy"):
+            found += [node.lineno for alias in node.names if alias.name == "bootstrap"]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else None
+            if name == "bootstrap" or (name in INDEX_DRAWS and owner != "torch"):
+                found.append(node.lineno)
+    return found
+
+
+def test_resamples_are_drawn_by_the_one_resampler():
+    """trainer/bootstrap.py draws every bootstrap resample, in the product and in bench/: an interval computed by a
+    loop of one's own can differ from the report's for the same prompts."""
+    bench = [(str(path.relative_to(ROOT)), ast.parse(path.read_text()))
+             for path in sorted((ROOT / "bench").rglob("*.py"))]
+    trees = dict(product_trees() + bench)
+    offenders = {path: lines for path, tree in trees.items() if path != RESAMPLER if (lines := resample_draws(tree))}
+    assert not offenders, f"resample through trainer/bootstrap.py: {offenders}"
+    assert resample_draws(trees[RESAMPLER]), "the scan no longer sees the resampler's own draws"
+
+
 REGISTERING_DECORATORS = {"get", "post", "put", "patch", "delete", "head", "options", "websocket", "command",
                           "group"}
 """A function decorated `@router.get(...)` or `@cli.command(...)` is reached by its URL or command, never by its

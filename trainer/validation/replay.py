@@ -7,9 +7,9 @@ prompt with the target alone once, keep its continuation and the tapped hidden s
 over it (`GreedyReference`), and any number of drafters can then be measured by running only the drafter:
 the same cycles as `SpeculativeDecoder` (the drafting step is the decoder's own), with every verify pass
 replaced by a comparison and the context features sliced from the stored taps. That makes held-out tau on
-64+ prompts cheap enough to compare recipes, or to choose a checkpoint, with an interval
-(trainer/bootstrap.py `bootstrap_interval`). The stored taps come from one pass instead of the decoder's incremental ones, so
-they can differ in the last float bits: tests/trainer/test_replay.py checks equality with the decoder.
+64+ prompts cheap enough to compare recipes, or to choose a checkpoint, with an interval (trainer/bootstrap.py
+`bootstrap_interval`). The stored taps come from one pass instead of the decoder's incremental ones, so they can
+differ in the last float bits: tests/trainer/test_replay.py checks equality with the decoder.
 """
 
 from __future__ import annotations
