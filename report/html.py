@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from report.engine_figures import engine_html
-from report.warm_start import advice_text, before_after_rows, parent_text
+from report.warm_start import adapter_text, advice_text, before_after_rows, parent_text
 from schemas.validation_report import SamplingTest, ValidationReport
 
 MAX_METRIC_RECORDS = 1000  # enough points for a smooth curve; a 100k-step run stays a small file
@@ -142,6 +142,8 @@ def _warm_start_section(report: ValidationReport) -> str:
                       f"<td>{_e(ratio)}</td></tr>" for setting, parent, new, ratio in rows)
     parent = parent_text(warm_start)
     facts = f"<p>Parent: {_e(parent)}.</p>" if parent else ""
+    adapter = adapter_text(warm_start)
+    facts += f'<p id="drafter-adapter">{_e(adapter)}</p>' if adapter else ""
     mode = warm_start.serving_mode or report.serving_mode
     measured = (f"<p>Both measured on the same {_e(warm_start.prompts)} held-out prompts and seeds, in the serving "
                 f"mode: {_e(mode.summary())}.</p>" if mode is not None else "")

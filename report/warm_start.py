@@ -4,7 +4,7 @@ card never says "serve it" where the report says "keep the parent"."""
 
 from __future__ import annotations
 
-from schemas.validation_report import PairedGain, TauAtTemperature, WarmStart
+from schemas.validation_report import DrafterAdapterFigures, PairedGain, TauAtTemperature, WarmStart
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -74,3 +74,27 @@ def parent_text(warm_start: WarmStart) -> str:
     if parent.notes:
         text += "; note: " + "; ".join(parent.notes)
     return text
+
+
+def _size(count: int | None) -> str:
+    return "–" if count is None else f"{count:,}"
+
+
+def _megabytes(size: int | None) -> str:
+    return "–" if size is None else f"{size / 1e6:.3g} MB"
+
+
+def adapter_text(warm_start: WarmStart) -> str:
+    """A drafter adapter job's line (report.json `warm_start.adapter`): the LoRA's rank and size against the whole
+    drafter's, and which drafter the taus measure (the merged one, the one to serve); empty for a full warm start."""
+    adapter: DrafterAdapterFigures | None = warm_start.adapter
+    if adapter is None:
+        return ""
+    share = "" if adapter.trainable_share is None else f" ({100 * adapter.trainable_share:.3g} % of the drafter's " \
+        f"{_size(adapter.drafter_parameters)})"
+    alpha = "" if adapter.alpha is None else f", alpha {adapter.alpha:g}"
+    return (f"Trained as a drafter adapter (preview): a rank-{adapter.rank} LoRA{alpha} over the parent's layers and "
+            f"projection, {_size(adapter.trainable_parameters)} parameters{share}, {_megabytes(adapter.bytes)} in "
+            f"`{adapter.folder or 'drafter-adapter'}/` against {_megabytes(adapter.drafter_bytes)} for the drafter. "
+            "The taus here are the adapter merged into its parent (`drafter/`, the drafter to serve: no engine loads "
+            "drafter adapters yet); bench/specialise.py sets it against a full specialisation at the same budget.")

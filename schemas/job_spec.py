@@ -283,6 +283,28 @@ class DataSpec(StrictModel):
         return self
 
 
+MAX_DRAFTER_ADAPTER_RANK = 256
+"""The largest LoRA rank a drafter adapter may have: at the published drafters' widths (hidden 4096-7168) rank 256 is
+already a tenth of a layer's weights, past which training every weight costs little more."""
+DRAFTER_ADAPTER_NEEDS_PARENT = (
+    "training.drafter_adapter trains a LoRA over a parent drafter, and this job names none: set init.from_drafter "
+    "to the parent (draftsmith run --from-drafter DIR), or drop training.drafter_adapter to train every weight")
+
+
+class DrafterAdapterSpec(StrictModel):
+    """A drafter adapter (preview): a warm start that trains a LoRA over the parent's layers and its context
+    projection (`fc`) instead of every weight; the parent's other weights stay as they are (trainer/training/
+    drafter_adapter.py). The export serves the merged drafter, as always, and ships the PEFT adapter beside it
+    (`drafter-adapter/`): no serving engine loads a drafter adapter yet."""
+
+    rank: int = Field(ge=1, le=MAX_DRAFTER_ADAPTER_RANK, description="LoRA rank r of every adapted projection.")
+    alpha: int | None = Field(
+        default=None, ge=1, le=65_536,
+        description=f"LoRA alpha, an integer as peft's LoraConfig takes it (the update is scaled by alpha / rank); "
+        f"null: {recipe.DRAFTER_ADAPTER_ALPHA_PER_RANK} x rank.",
+    )
+
+
 class TrainingBudget(StrictModel):
     """How much training the job may spend; training stops at whichever limit comes first."""
 
@@ -320,6 +342,13 @@ class TrainingBudget(StrictModel):
     acceptance_loss_weight: float = Field(
         default=recipe.ACCEPTANCE_LOSS_WEIGHT, ge=0.0, le=100.0,
         description="Weight of a direct expected-acceptance term beside the cross-entropy; 0 turns it off.",
+    )
+    drafter_adapter: DrafterAdapterSpec | None = Field(
+        default=None,
+        description="Preview, for a warm start only (init.from_drafter): train a LoRA of this rank over the parent's "
+        "layers and projection instead of every weight, and export the PEFT adapter (drafter-adapter/) beside the "
+        "merged drafter, which stays the served artifact. Null: train every weight.",
+        examples=[{"rank": 16}],
     )
 
 
@@ -470,6 +499,12 @@ class JobSpec(StrictModel):
             del budget["warmup_share"]
         return {**data, "training": {**budget, **given}}
 
+    @model_validator(mode="after")
+    def _adapter_needs_parent(self) -> JobSpec:
+        if self.training.drafter_adapter is not None and self.init is None:
+            raise ValueError(DRAFTER_ADAPTER_NEEDS_PARENT)
+        return self
+
     @field_validator("labels")
     @classmethod
     def _valid_labels(cls, value: dict[str, str]) -> dict[str, str]:
@@ -491,4 +526,6 @@ class JobSpec(StrictModel):
             del data["compute"]
         if self.training.warmup_share is None:  # added later, the same way
             del data["training"]["warmup_share"]
+        if self.training.drafter_adapter is None:  # added later, the same way
+            del data["training"]["drafter_adapter"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -39,6 +39,13 @@ WARM_START_BUDGET_SHARE = 0.25
 parent that already drafts for the base, so it gets this share of the time-fitted schedule's steps and minutes (the
 recipe's, or a preset's), with the same warm-up share, unless the job names its own (schemas/presets.py
 `specialisation_budget`). The bench's goal for it: at 1/4 of the minutes, >= 1.10x a full from-scratch job's tau."""
+DRAFTER_ADAPTER_ALPHA_PER_RANK = 2
+"""A drafter adapter's LoRA alpha, as a multiple of its rank when the job gives none (training.drafter_adapter): the
+update is scaled by alpha / rank, so a fixed ratio keeps the learning rate's meaning at every rank; 2 is the common
+LoRA practice (peft's own default is a fixed alpha of 8, which would scale a rank-64 adapter's update 8x down)."""
+DRAFTER_ADAPTER_RANK = 16
+"""The rank bench/specialise.py trains its `adapter` rows at and the docs suggest. Not a job default: a job asks for an
+adapter by naming its rank (`training.drafter_adapter: {"rank": N}`); without one every weight is trained."""
 BF16_MATMULS = True
 """Train a float32 (CPU) target's drafter with bfloat16 matmuls and LM head (weights, optimizer and losses stay
 float32): held-out tau unchanged, about 1.5x the steps per CPU second on CPUs with bfloat16 units. Used only where

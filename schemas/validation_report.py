@@ -262,6 +262,25 @@ class WarmStartParent(_Part):
     notes: list[str] | None = None
 
 
+class DrafterAdapterFigures(_Part):
+    """A drafter adapter's size (training.drafter_adapter, trainer/training/drafter_adapter.py): a LoRA over the
+    parent's layers and projection trained instead of every weight, shipped as drafter-adapter/ beside the merged
+    drafter that is served. The report's tau is the merged drafter's; a full specialisation at the same budget is
+    bench/specialise.py's `specialised` row beside its `adapter` row (docs/RESULTS.md)."""
+
+    rank: int | None = Field(default=None, description="LoRA rank of every adapted projection.")
+    alpha: float | None = Field(default=None, description="LoRA alpha; the update is alpha / rank x B A.")
+    target_modules: list[str] | None = Field(default=None, description="The drafter's projections it adapts.")
+    trainable_parameters: int | None = Field(default=None, description="Parameters the adapter holds: all that "
+                                             "training changed.")
+    drafter_parameters: int | None = Field(default=None, description="Parameters of the whole drafter, what a full "
+                                           "specialisation trains.")
+    trainable_share: float | None = Field(default=None, description="trainable_parameters / drafter_parameters.")
+    bytes: int | None = Field(default=None, description="Size of adapter_model.safetensors on disk.")
+    drafter_bytes: int | None = Field(default=None, description="Size of the merged drafter's model.safetensors.")
+    folder: str | None = Field(default=None, description="The export's folder holding the PEFT adapter.")
+
+
 class WarmStart(_Part):
     """A warm start, before and after (trainer/validation/report.py `validate(parent=)`): the parent measured on the
     new target's held-out prompts in the serving mode, at T=0 and at the job's temperature, beside the new drafter
@@ -288,6 +307,8 @@ class WarmStart(_Part):
     advice_reason: str | None = None
     serving_mode: ServingMode | None = None
     parent: WarmStartParent | None = None
+    adapter: DrafterAdapterFigures | None = Field(default=None, description="A drafter adapter job's LoRA: its size "
+                                                  "against the drafter's (null: every weight was trained).")
 
     @property
     def keep_parent(self) -> bool:

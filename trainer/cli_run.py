@@ -153,6 +153,20 @@ def target_parameters_billion(uri: str) -> float | None:
         return None
 
 
+def with_drafter_adapter(body: dict, rank: int | None) -> dict:
+    """`--drafter-adapter-rank N` laid over the spec's training.drafter_adapter (its alpha, if any, kept). An adapter
+    is trained over a parent: refused here, naming the flag, when neither --from-drafter nor the spec gives one."""
+    if rank is None:
+        return body
+    if body.get("init") is None:
+        raise DraftsmithError("--drafter-adapter-rank trains a LoRA over a parent drafter: give the parent with "
+                              "--from-drafter DIR (or init.from_drafter in --spec), or drop --drafter-adapter-rank to "
+                              "train every weight")
+    training = body.setdefault("training", {})
+    training["drafter_adapter"] = {**(training.get("drafter_adapter") or {}), "rank": rank}
+    return body
+
+
 def parse_spec(body: dict):
     from pydantic import ValidationError
 
@@ -176,6 +190,11 @@ def parse_spec(body: dict):
               help="Start from this parent drafter (a folder or file:// URI) instead of from nothing: ours, the z-lab "
                    "reference format, vLLM speculators', SpecForge's or a DSpark drafter's backbone, recognised by "
                    "its files; a DFlash parent is upgraded to DFlash 2. Sets init.from_drafter.")
+@click.option("--drafter-adapter-rank", "adapter_rank", type=int, default=None,
+              help="Preview, with --from-drafter only: train a LoRA of this rank over the parent's layers and projection "
+                   "instead of every weight; drafter-adapter/ (PEFT) ships beside the merged drafter, which is served. "
+                   f"Sets training.drafter_adapter (alpha: {recipe.DRAFTER_ADAPTER_ALPHA_PER_RANK:g} x rank unless the "
+                   "spec gives one).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True)
 @click.option("--spec", "spec_file", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
               help="A job spec (the JSON body of POST /v1/jobs); flags given here override its fields.")
@@ -222,7 +241,7 @@ def parse_spec(body: dict):
 @sampling_options
 @device_options(default=None)
 @user_errors
-def run(target_spec, base_spec, parent_spec, out_dir, spec_file, resume, prompts, num_prompts, holdout, variant, num_layers, block_size,
+def run(target_spec, base_spec, parent_spec, adapter_rank, out_dir, spec_file, resume, prompts, num_prompts, holdout, variant, num_layers, block_size,
         target_layers, mask_token_id, steps, train_minutes, batch_size, anchors_per_sequence, lr, zero_stage,
         position_weighting, dpace_alpha, acceptance_loss_weight, allow_pickle, init, nproc, generation_batch_size, preset, budget_minutes, validation_prompts,
         validation_max_new_tokens, sampling_draws, device, dtype, **sampling) -> None:
@@ -249,6 +268,7 @@ def run(target_spec, base_spec, parent_spec, out_dir, spec_file, resume, prompts
     body = job_body(spec_file, target_spec, prompts, flags, base=base_spec)
     if parent_spec is not None:
         body["init"] = {**body.get("init", {}), "from_drafter": target_uri(parent_spec)}
+    body = with_drafter_adapter(body, adapter_rank)
     chosen = run_preset(preset, body, nproc=nproc, budget_minutes=budget_minutes)
     body = lay_under(body, chosen.fields)  # the spec file and the flags win
     body["sampling"] = given_sampling(body.get("sampling", {}), sampling)

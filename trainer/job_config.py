@@ -25,6 +25,7 @@ def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin"
     directory resolved from spec.init.from_drafter (a file:// URI is read in place when none is given);
     `target_limits`: the largest target the caller's machine loads (None: the defaults)."""
     training = spec.training
+    adapter = training.drafter_adapter
     extra = {}  # TrainConfig fields set only when the spec says so
     if training.warmup_share is not None:  # None: TrainConfig's fixed warm-up steps (the CPU recipe's)
         extra["warmup_steps"] = max(1, round(training.warmup_share * training.max_steps))
@@ -59,6 +60,9 @@ def run_config_from_spec(spec: JobSpec, *, target: str, prompts: str = "builtin"
                           zero_stage=training.zero_stage, checkpoint_every=training.checkpoint_every,
                           position_weighting=training.position_weighting, dpace_alpha=training.dpace_alpha,
                           acceptance_loss_weight=training.acceptance_loss_weight,
+                          # the spec refuses an adapter without init (JobSpec._adapter_needs_parent)
+                          drafter_adapter_rank=adapter.rank if adapter else None,
+                          drafter_adapter_alpha=adapter.alpha if adapter else None,
                           seed=spec.sampling.seed, **extra),
         validation_prompts=spec.validation.prompts,
         validation_max_new_tokens=spec.validation.max_new_tokens,

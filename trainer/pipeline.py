@@ -30,6 +30,7 @@ from schemas.bounds import TargetLimits
 from schemas.sampling import SamplingParams
 from schemas.stages import GENERATE_BACKENDS, LOCAL_STAGES, Stage
 from schemas.validation_report import (
+    DrafterAdapterFigures,
     EngineFigures,
     TargetDescription,
     TrainingObjective,
@@ -278,6 +279,14 @@ def parent_description(prepared: PreparedParent | None, name: str) -> WarmStartP
     return WarmStartParent.read({"name": name, **fields})
 
 
+def adapter_description(drafter_dir: Path) -> DrafterAdapterFigures | None:
+    """report.json's `warm_start.adapter`: the size of the drafter adapter trained beside `drafter_dir`, if any."""
+    from trainer.training.drafter_adapter import adapter_figures, adapter_folder
+
+    folder = adapter_folder(drafter_dir)
+    return None if folder is None else DrafterAdapterFigures.model_validate(adapter_figures(folder, drafter_dir))
+
+
 class JobStages:
     """One job's config, layout and hooks, with the target loaded once for every stage run here."""
 
@@ -438,6 +447,7 @@ class JobStages:
         if report.warm_start is not None:
             report.warm_start.parent = parent_description(self.prepared().parent_drafter, self.config.parent_name
                                                           or self.config.train.parent_drafter or "")
+            report.warm_start.adapter = adapter_description(self.layout.drafter)
         if report.passed and self.config.engines != ():  # engine figures only for a drafter that will ship
             from trainer.validation.engines import engine_step
 

@@ -37,8 +37,10 @@ STAGE_INPUTS: dict[Stage, tuple[str, ...]] = {
     Stage.PREPARE: (),
     Stage.GENERATE: ("sources.json", "prepare.json", "data"),
     Stage.TRAIN: ("sources.json", "prepare.json", "data", "train"),
-    Stage.VALIDATE: ("sources.json", "prepare.json", "train/drafter"),
-    Stage.EXPORT: ("sources.json", "prepare.json", "train/drafter", "train/metrics.jsonl", "report.json"),
+    # train/drafter-adapter: a drafter adapter job's PEFT adapter beside the merged drafter (absent for any other job).
+    Stage.VALIDATE: ("sources.json", "prepare.json", "train/drafter", "train/drafter-adapter"),
+    Stage.EXPORT: ("sources.json", "prepare.json", "train/drafter", "train/drafter-adapter", "train/metrics.jsonl",
+                   "report.json"),
 }
 ARTIFACT_KINDS = {".safetensors": "safetensors", ".gguf": "gguf", ".jsonl": "metrics", ".html": "report-html"}
 NAMED_KINDS = {"README.md": "model-card", "report.json": "report", "manifest.json": "manifest", "config.json": "config"}

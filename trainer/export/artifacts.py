@@ -6,6 +6,9 @@
     drafter-d2t/                                     with a draft vocabulary: the drafter as vLLM reads one
                                                      (trainer/export/drafter_d2t.py; vLLM for DFlash)
     gguf/drafter-q8_0-d2t.gguf                       with a draft vocabulary: its own head + `d2t` (llama.cpp)
+    drafter-adapter/                                 a drafter adapter job's PEFT LoRA over its parent (adapter_config.json,
+                                                     adapter_model.safetensors; trainer/training/drafter_adapter.py):
+                                                     drafter/ is it merged, the one served
     README.md                                        model card: target, sampling, figures, serving commands
     report.json, metrics.jsonl                       validation report and per-step training metrics
     report.html                                      both as charts, self-contained (opens from disk)
@@ -56,6 +59,7 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
 
     no_gguf = write_engine_drafters(drafter_dir, drafter.draft_vocab, target, out_dir,
                                     recommended_block_size=report.recommended_block_size if report else None)
+    ship_adapter(drafter_dir, out_dir, report)
     if report is not None:
         atomic_write_json(out_dir / "report.json", report.to_json())
     if metrics_file is not None and Path(metrics_file).is_file():
@@ -67,6 +71,24 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     manifest = build_manifest(out_dir)
     atomic_write_json(out_dir / "manifest.json", manifest)
     return manifest
+
+
+def ship_adapter(drafter_dir: Path, out_dir: Path, report: ValidationReport | None) -> None:
+    """A drafter adapter trained beside `drafter_dir` into OUT/drafter-adapter/, its base named as the job names the
+    parent (report.json `warm_start.parent.name`); none: nothing left from an earlier export into the same folder."""
+    from trainer.training.drafter_adapter import ADAPTER_DIR, adapter_folder, copy_adapter, name_the_base
+
+    source = adapter_folder(drafter_dir)
+    if source is None:
+        shutil.rmtree(out_dir / ADAPTER_DIR, ignore_errors=True)
+        return
+    warm_start = report.warm_start if report is not None else None
+    parent = warm_start.parent if warm_start is not None else None
+    base_name = parent.name if parent is not None else None
+    if source.resolve() == (out_dir / ADAPTER_DIR).resolve():  # an export's own drafter/ exported again in place
+        name_the_base(source, base_name)
+    else:
+        copy_adapter(source, out_dir / ADAPTER_DIR, base_name)
 
 
 def write_report_html(out_dir: str | Path, report: ValidationReport | Mapping | None,

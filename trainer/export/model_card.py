@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from report.engine_figures import engine_markdown, headline_engine_rows
-from report.warm_start import advice_text, before_after_rows, parent_text
+from report.warm_start import adapter_text, advice_text, before_after_rows, parent_text
 from schemas.bounds import file_uri_path
 from schemas.job_spec import BUNDLED_TABLE
 from schemas.validation_report import (
@@ -68,6 +68,9 @@ def _warm_start(report: ValidationReport | None) -> str:
     parent = parent_text(warm_start)
     if parent:
         lines += [f"Started from the parent drafter {parent}.", ""]
+    adapter = adapter_text(warm_start)
+    if adapter:
+        lines += [adapter, ""]
     advice = advice_text(warm_start)
     if advice:
         lines += [f"**{'Keep serving the parent' if warm_start.keep_parent else 'Serve this drafter'}:** {advice}", ""]

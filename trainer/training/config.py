@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from schemas import recipe
+from schemas.job_spec import DRAFTER_ADAPTER_NEEDS_PARENT, MAX_DRAFTER_ADAPTER_RANK
 from trainer.errors import DraftsmithError
 
 WARM_START_PREFIX = "drafter:"
@@ -72,6 +73,11 @@ class TrainConfig:
     """`target`: drafter layers start as copies of the target's last layers (trainer/training/init.py);
     `random`: N(0, 0.02). The context projection is whitened and convolutions start as the identity
     either way. `drafter:DIR`: a warm start from the drafter in DIR, whose shape must match (init.py)."""
+    drafter_adapter_rank: int | None = None
+    """A warm start only: train a LoRA of this rank over the parent's layers and `fc` instead of every weight, and
+    write the PEFT adapter beside the merged drafter (trainer/training/drafter_adapter.py); None: every weight."""
+    drafter_adapter_alpha: int | None = None
+    """The adapter's LoRA alpha; None: rank x recipe.DRAFTER_ADAPTER_ALPHA_PER_RANK."""
     zero_stage: Literal[2, 3] = recipe.ZERO_STAGE
     """DeepSpeed ZeRO stage: 2 shards optimizer state and gradients, 3 also the drafter's weights."""
     checkpoint_every: int = recipe.CHECKPOINT_EVERY
@@ -91,15 +97,30 @@ class TrainConfig:
             "acceptance_loss_weight": self.acceptance_loss_weight >= 0,
             "init": self.init in ("target", "random") or (self.init.startswith(WARM_START_PREFIX)
                                                           and len(self.init) > len(WARM_START_PREFIX)),
+            "drafter_adapter_rank": (self.drafter_adapter_rank is None
+                                     or 1 <= self.drafter_adapter_rank <= MAX_DRAFTER_ADAPTER_RANK),
+            "drafter_adapter_alpha": self.drafter_adapter_alpha is None or self.drafter_adapter_alpha >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise DraftsmithError(f"training setting {bad[0]}={getattr(self, bad[0])!r} is out of range")
+        if self.drafter_adapter_rank is not None and self.parent_drafter is None:
+            raise DraftsmithError(DRAFTER_ADAPTER_NEEDS_PARENT)
 
     @property
     def parent_drafter(self) -> str | None:
         """The drafter directory a warm start begins from (`init="drafter:DIR"`), else None."""
         return self.init.removeprefix(WARM_START_PREFIX) if self.init.startswith(WARM_START_PREFIX) else None
+
+    @property
+    def drafter_adapter(self) -> tuple[int, int] | None:
+        """(rank, LoRA alpha) of the drafter adapter this run trains (alpha: the job's, else rank x the recipe's
+        ratio); None: every weight trains."""
+        rank = self.drafter_adapter_rank
+        if rank is None:
+            return None
+        alpha = self.drafter_adapter_alpha
+        return rank, alpha if alpha is not None else rank * recipe.DRAFTER_ADAPTER_ALPHA_PER_RANK
 
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)

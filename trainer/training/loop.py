@@ -56,8 +56,11 @@ def make_optimizer(drafter: Drafter, cfg: TrainConfig) -> torch.optim.Optimizer:
     kernels = {id(m.base_kernel) for m in drafter.modules() if hasattr(m, "base_kernel")}
     no_decay += [p for p in decay if id(p) in kernels]
     decay = [p for p in decay if id(p) not in kernels]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    # An empty group is left out (a drafter adapter trains matrices only): ZeRO drops empty groups, and a scheduler
+    # built over the torch optimizer's groups would then step one group more than DeepSpeed's optimizer has.
+    groups = [{"params": params, "weight_decay": decay_rate}
+              for params, decay_rate in ((decay, cfg.weight_decay), (no_decay, 0.0)) if params]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
 
 
 class Trainer:
@@ -148,6 +151,14 @@ class Trainer:
         cfg = self.cfg
         drafter = initial_drafter(self.drafter_config, self.target, examples, cfg.init, cfg.seed)
         self.drafter_config = drafter.config
+        adapter = cfg.drafter_adapter
+        if adapter is not None:  # a LoRA over the parent trains instead of every weight
+            from trainer.training.drafter_adapter import add_adapter
+
+            # The parent's vocabulary map (its draft vocabulary, or none) is kept as it is, not ranked again: an
+            # adapter changes no vocabulary, so adapter + parent drafts among the very tokens the merged drafter does.
+            self.draft_ids = drafter.draft_vocab
+            return add_adapter(drafter, *adapter)
         vocab_size = self.drafter_config.draft_vocab_size or cfg.draft_vocab_size
         self.draft_ids = None
         if vocab_size and vocab_size < self.drafter_config.vocab_size:  # ranked now, written at export
@@ -237,8 +248,7 @@ class Trainer:
         state = distributed.full_state_dict(engine)
         drafter_dir = self.out_dir / "drafter"
         if rank == 0:
-            drafter = Drafter(self.drafter_config)
-            drafter.load_state_dict({k.removeprefix("drafter."): v for k, v in state.items()})
+            drafter = self._trained_drafter({k.removeprefix("drafter."): v for k, v in state.items()})
             if self.draft_ids is not None:  # before config.json, which names it
                 drafter_dir.mkdir(parents=True, exist_ok=True)
                 save_draft_vocab(self.draft_ids, self.drafter_config.vocab_size, drafter_dir)
@@ -246,6 +256,22 @@ class Trainer:
             self.on_saved(drafter_dir)
         distributed.barrier()
         return drafter_dir
+
+
+    def _trained_drafter(self, state: dict[str, torch.Tensor]) -> Drafter:
+        """The drafter to save from the trained state; with an adapter, the merged one, its PEFT adapter written
+        beside it first (trainer/training/drafter_adapter.py)."""
+        from trainer.training.drafter_adapter import ADAPTER_DIR, save_adapter_and_merge
+
+        adapter_dir, adapter = self.out_dir / ADAPTER_DIR, self.cfg.drafter_adapter
+        if adapter is None:
+            shutil.rmtree(adapter_dir, ignore_errors=True)  # an earlier run's into this folder would pass for ours
+            drafter = Drafter(self.drafter_config)
+            drafter.load_state_dict(state)
+            return drafter
+        drafter = save_adapter_and_merge(state, self.drafter_config, *adapter, adapter_dir)
+        self.on_saved(adapter_dir)
+        return drafter
 
 
 def _to_device(batch, device):
