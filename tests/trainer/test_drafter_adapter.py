@@ -338,3 +338,29 @@ def test_export_ships_the_adapter_beside_the_merged_drafter_and_reports_its_size
     shutil.copytree(drafter_dir, full / "drafter")
     assert not any(name.startswith(ADAPTER_DIR) for name in export_artifacts(full / "drafter", target, export)["files"])
     assert not (export / ADAPTER_DIR).exists()
+
+
+def test_a_run_with_a_drafter_adapter_reports_and_exports_it_end_to_end(target, parent_dir, tmp_path):
+    """prepare, generate, train, validate, export (trainer/pipeline.py), as `draftsmith run --from-drafter DIR
+    --drafter-adapter-rank 4` runs them: lossless, the adapter's size in report.json, the adapter in the export."""
+    from trainer.export.artifacts import verify_manifest
+    from trainer.pipeline import Run, RunConfig
+
+    config = RunConfig(target=str(target.path), sampling=SamplingParams(max_new_tokens=12), num_prompts=20, holdout=0.2,
+                       num_layers=1, block_size=4, parent_name=PARENT,
+                       train=adapter_cfg(parent_dir, steps=2, checkpoint_every=2),
+                       generation_batch_size=8, validation_prompts=2, validation_max_new_tokens=8, sampling_draws=20,
+                       engines=())
+    out = tmp_path / "out"
+    Run(config, out).execute()
+    report = ValidationReport.load(out / "report.json")
+    assert report.passed and report.greedy.mismatches == 0
+    adapter = report.warm_start.adapter
+    assert adapter.rank == RANK and adapter.folder == ADAPTER_DIR and 0 < adapter.trainable_share < 1
+    assert adapter.bytes == (out / ADAPTER_DIR / "adapter_model.safetensors").stat().st_size
+    assert report.warm_start.parent.name == PARENT
+    assert json.loads((out / ADAPTER_DIR / "adapter_config.json").read_text())["base_model_name_or_path"] == PARENT
+    assert verify_manifest(out) == [] and f"{ADAPTER_DIR}/adapter_model.safetensors" in json.loads(
+        (out / "manifest.json").read_text())["files"]
+    assert 'id="drafter-adapter"' in (out / "report.html").read_text()
+    assert f"a rank-{RANK} LoRA" in (out / "README.md").read_text()
