@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import Field
 
-from schemas.validation_report import CategoryAcceptance, PairedGain, WarmStartParent
+from schemas.validation_report import CategoryAcceptance, DrafterAdapterFigures, PairedGain, WarmStartParent
 from schemas.work_files import CodeEnvironment, LenientModel, PinnedSource, VersionedFile
 
 VARIANT_UPGRADES = frozenset({("dflash", "dflash2")})
@@ -89,6 +89,8 @@ class ParentLineage(PinnedSource):
     gain: PairedGain | None = Field(default=None, description="The drafter against this parent at the job's sampling "
                                     "parameters (report.json's warm_start.gain_sampled).")
     advice: str | None = Field(default=None, description="keep_parent or serve_new, as report.json gave it.")
+    adapter: DrafterAdapterFigures | None = Field(default=None, description="A drafter adapter trained over this "
+                                                  "parent instead of every weight (report.json's warm_start.adapter).")
 
 
 class TrainingLineage(LenientModel):

@@ -215,13 +215,17 @@ def drafter_shape(drafter_config: dict[str, Any]) -> DrafterShape:
 
 def _parent(spec: JobSpec, pinned: PinnedSource | None, warm_start: WarmStart | None) -> ParentLineage | None:
     """The parent as fetched, with what validation measured against it (report.json's warm_start, embedded as
-    written: its origin, the paired gain at the job's parameters and the advice that follows from it)."""
+    written: its origin, the paired gain at the job's parameters, the advice that follows from it and, for a drafter
+    adapter job, the adapter's size)."""
     if spec.init is None:
         return None
     fetched, measured = pinned or PinnedSource(), warm_start or WarmStart()
-    return ParentLineage(ref=spec.init.from_drafter, uri=fetched.uri, revision=fetched.revision,
-                         pinned_uri=fetched.pinned_uri, tau_on_this_target=measured.parent_tau,
-                         origin=measured.parent, gain=measured.gain_sampled, advice=measured.advice)
+    parent = ParentLineage(ref=spec.init.from_drafter, uri=fetched.uri, revision=fetched.revision,
+                           pinned_uri=fetched.pinned_uri, tau_on_this_target=measured.parent_tau,
+                           origin=measured.parent, gain=measured.gain_sampled, advice=measured.advice)
+    if measured.adapter is not None:  # a drafter adapter job's record alone carries the key
+        parent.adapter = measured.adapter
+    return parent
 
 
 def _snapshot(data_keys: dict[str, Any], location: str) -> DataSnapshot:

@@ -104,6 +104,17 @@ def test_a_warm_starts_lineage_names_the_parents_format_gain_and_advice(monkeypa
     assert parent["origin"]["format"] == "z-lab" and parent["origin"]["upgrades"] == ["DFlash to DFlash 2"]
     assert parent["gain"]["ci95"] == [1.05, 1.26] and parent["advice"] == "serve_new"
     assert recorded["metrics"].parent_tau == 1.3
+    assert "adapter" not in parent  # every weight was trained
+
+
+def test_a_drafter_adapter_jobs_lineage_carries_the_adapters_size(monkeypatch):
+    adapter = {"rank": 16, "alpha": 32, "trainable_parameters": 400_000, "drafter_parameters": 40_000_000,
+               "trainable_share": 0.01, "bytes": 1_600_000, "folder": "drafter-adapter"}
+    work = {**GOOD, "report.json": {**REPORT, "warm_start": {"parent_tau": 1.3, "tau": 1.5, "adapter": adapter}}}
+    spec = {"target": {"uri": "bundled:smollm2-135m"}, "init": {"from_drafter": "hf://z-lab/parent"},
+            "training": {"drafter_adapter": {"rank": 16}}}
+    parent = record(monkeypatch, work, spec)["lineage"].to_json()["parent"]
+    assert parent["adapter"] == adapter
 
 
 def test_a_stage_file_with_a_bad_field_still_yields_lineage(monkeypatch):
