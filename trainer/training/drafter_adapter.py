@@ -93,8 +93,8 @@ def peft_drafter(base_state: dict[str, torch.Tensor], lora_state: dict[str, torc
     base = Drafter(config)
     base.load_state_dict({name: tensor.float() for name, tensor in base_state.items()})
     model = get_peft_model(base, lora_config(rank, alpha), adapter_name=ADAPTER_NAME)
-    loaded: Any = set_peft_model_state_dict(model, {name: tensor.float() for name, tensor in lora_state.items()},
-                                       adapter_name=ADAPTER_NAME)
+    lora = {name: tensor.float() for name, tensor in lora_state.items()}
+    loaded: Any = set_peft_model_state_dict(model, lora, adapter_name=ADAPTER_NAME)  # peft types its result loosely
     missing = [name for name in loaded.missing_keys if is_lora_name(name)]
     if loaded.unexpected_keys or missing:  # a bug of ours: the state was trained with these very modules
         raise DraftsmithError(f"the trained adapter does not fit the drafter: unexpected {loaded.unexpected_keys[:3]}, "
@@ -115,9 +115,7 @@ def save_adapter_and_merge(state: dict[str, torch.Tensor], config: DrafterConfig
         model.save_pretrained(str(staging), safe_serialization=True)
         # peft's own README is a blank model-card template; ours says what this adapter is and what it applies to.
         (staging / "README.md").write_text(adapter_readme(rank, alpha))
-    merged = model.merge_and_unload()
-    merged.draft_vocab = None  # the trainer sets the job's draft vocabulary on what it saves
-    return merged
+    return model.merge_and_unload()  # the draft vocabulary is not a module's: the trainer writes it beside
 
 
 def adapter_readme(rank: int, alpha: int, base_name: str | None = None) -> str:
