@@ -18,6 +18,10 @@ training data (`--target-prompts` of the built-in set's training share, never a 
     specialised       warm start from the parent (`init="drafter:DIR"`, the code path of `init.from_drafter`)
                       for the warm-start share of the main job's steps (schemas/recipe.py WARM_START_BUDGET_SHARE),
                       its warm-up the same share of the fewer steps (schemas/presets.py `specialisation_budget`)
+    adapter           the same warm start and budget, training a drafter adapter instead of every weight: a LoRA of
+                      rank `--adapter-rank` over the parent's layers and projection (training.drafter_adapter,
+                      trainer/training/drafter_adapter.py), measured merged, as it is served; its row also gives
+                      the adapter's size, and `adapter / specialised` is its tau against the full specialisation
     scratch-quarter   from scratch at that same budget
     scratch-full      from scratch at the main job's full budget (`--main-steps`)
 
@@ -44,8 +48,11 @@ from bench.heldout import append_result, git_revision, load_results, uptime_load
 from bench.warm_start import TAPS, cpu_seconds, fine_tune, train_drafter
 from schemas import recipe
 
-KINDS = ("parent", "specialised", "scratch-quarter", "scratch-full")
-RATIOS = (("specialised", "scratch-full"), ("specialised", "parent"), ("specialised", "scratch-quarter"))
+KINDS = ("parent", "specialised", "adapter", "scratch-quarter", "scratch-full")
+RATIOS = (("specialised", "scratch-full"), ("specialised", "parent"), ("specialised", "scratch-quarter"),
+          ("adapter", "specialised"))
+WARM_STARTS = ("specialised", "adapter")
+"""The kinds that start from the parent: the same budget, every weight trained or a drafter adapter."""
 GOAL_OVER_SCRATCH_FULL = 1.10
 
 
@@ -58,6 +65,7 @@ def budgets(main_steps: int, share: float = recipe.WARM_START_BUDGET_SHARE) -> d
     quarter = max(1, math.ceil(main_steps * share))
     return {
         "specialised": {"steps": quarter, "warmup_steps": round(quarter * warmup_share)},
+        "adapter": {"steps": quarter, "warmup_steps": round(quarter * warmup_share)},
         "scratch-quarter": {"steps": quarter, "warmup_steps": round(quarter * warmup_share)},
         "scratch-full": {"steps": main_steps, "warmup_steps": round(main_steps * warmup_share)},
     }
@@ -122,6 +130,21 @@ def render_table(results: dict[str, dict], targets: list[str], seeds: list[int],
             ratio_lines.append(f"| {target} | {kind} / {base} | {pooled_tau(pooled[kind]) / pooled_tau(pooled[base]):.3f} "
                                f"[{low:.3f}, {high:.3f}] | {' / '.join(per_seed)} | {seeds_used} |")
     return "\n".join(lines) + "\n\n" + "\n".join(ratio_lines) + "\n"
+
+
+def adapter_lines(results: dict[str, dict], targets: list[str], seeds: list[int]) -> list[str]:
+    """One line per target on its drafter adapter's size (the `adapter` rows' `adapter_size`, the same figures
+    report.json's warm_start.adapter gives): rank, parameters against the whole drafter's, bytes on disk."""
+    lines = []
+    for target in targets:
+        sizes = [row["adapter_size"] for row in kind_rows(results, target, "adapter", seeds) if "adapter_size" in row]
+        if sizes:
+            size = sizes[0]
+            lines.append(f"{target}: adapter rank {size['rank']} (alpha {size['alpha']}): "
+                         f"{size['trainable_parameters']:,} of the drafter's {size['drafter_parameters']:,} parameters "
+                         f"({100 * size['trainable_share']:.2f} %), {size['bytes'] / 1e6:.2f} MB against "
+                         f"{size['drafter_bytes'] / 1e6:.2f} MB")
+    return lines
 
 
 def goal_verdicts(results: dict[str, dict], targets: list[str], seeds: list[int], ratio_interval) -> list[str]:
@@ -245,6 +268,8 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=24, help="Held-out prompts measured.")
     parser.add_argument("--eval-tokens", type=int, default=96, help="Greedy tokens per held-out prompt.")
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--adapter-rank", type=int, default=recipe.DRAFTER_ADAPTER_RANK,
+                        help="LoRA rank of the `adapter` rows (training.drafter_adapter).")
     parser.add_argument("--targets", default="lora,full")
     parser.add_argument("--stop-at", default=None, help="UTC HH:MM after which no new row starts.")
     args = parser.parse_args()
@@ -305,12 +330,17 @@ def main() -> None:
                 if out_of_time():
                     log(f"stop time {args.stop_at} reached before {row_name}")
                     break
-                init = f"drafter:{parent_dir}" if kind == "specialised" else "random"
+                init = f"drafter:{parent_dir}" if kind in WARM_STARTS else "random"
+                adapter = {"drafter_adapter_rank": args.adapter_rank} if kind == "adapter" else {}
                 run_dir = work / "runs" / row_name.replace("/", "-")
                 info = train_drafter(target, data_dir, run_dir, steps=plan[kind]["steps"], init=init, log=log,
-                                     warmup_steps=plan[kind]["warmup_steps"], seed=seed)
+                                     warmup_steps=plan[kind]["warmup_steps"], seed=seed, **adapter)
                 row = {"row": row_name, "kind": kind, "seed": seed, **stamp, **info,
                        **measured(target, run_dir / "drafter", references)}
+                if adapter:
+                    from trainer.training.drafter_adapter import ADAPTER_DIR, adapter_figures
+
+                    row["adapter_size"] = adapter_figures(run_dir / ADAPTER_DIR, run_dir / "drafter")
                 append_result(work, row)
                 results[row_name] = row
                 log(f"{row_name}: tau {row['tau']} {row['tau_ci95']} after {info['train_minutes']} train min "
@@ -323,7 +353,7 @@ def main() -> None:
         return paired_ratio_interval(per_prompt, baseline)
 
     table = render_table(results, targets, seeds, interval)
-    verdicts = goal_verdicts(results, targets, seeds, interval)
+    verdicts = goal_verdicts(results, targets, seeds, interval) + adapter_lines(results, targets, seeds)
     text = table + "\n" + "\n".join(f"- {v}" for v in verdicts) + "\n"
     (work / "specialise.md").write_text(text)
     print(text, flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.specialise import budgets, goal_verdicts, pooled_per_prompt, pooled_tau, render_table
+from bench.specialise import adapter_lines, budgets, goal_verdicts, pooled_per_prompt, pooled_tau, render_table
 
 
 def fixed_interval(per_prompt, baseline):
@@ -61,3 +61,19 @@ def test_the_goal_is_met_only_when_the_interval_clears_it():
     above = goal_verdicts(results_of(1.25), ["lora"], [0, 1], fixed_interval)[0]
     assert "vs parent 1.250 [1.240, 1.260] against 1.00: met" in above
     assert goal_verdicts({}, ["full"], [0], fixed_interval) == ["full: not enough rows to judge"]
+
+
+def test_the_adapter_rows_train_at_the_specialisations_budget_and_are_set_against_it():
+    assert budgets(120)["adapter"] == budgets(120)["specialised"]
+    results = results_of(1.0)
+    size = {"rank": 16, "alpha": 32, "trainable_parameters": 400_000, "drafter_parameters": 40_000_000,
+            "trainable_share": 0.01, "bytes": 1_600_000, "drafter_bytes": 160_000_000}
+    for seed in (0, 1):
+        results[f"lora/adapter/seed{seed}"] = {**row(f"lora/adapter/seed{seed}", [(11, 10)] * 2, 15, 0.8),
+                                               "adapter_size": size}
+    table = render_table(results, ["lora"], [0, 1], fixed_interval)
+    assert "| lora | adapter | 15 | 0.80 | 1.100 [1.090, 1.110] | 1.100 / 1.100 |" in table
+    assert "| lora | adapter / specialised | 0.917 [0.907, 0.927] | 0.917 / 0.917 | 2 |" in table
+    assert adapter_lines(results, ["lora", "full"], [0, 1]) == [
+        "lora: adapter rank 16 (alpha 32): 400,000 of the drafter's 40,000,000 parameters (1.00 %), 1.60 MB against "
+        "160.00 MB"]
