@@ -10,13 +10,13 @@ their prompts together, which is what tells a real +0.02 from noise.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import subprocess
 import time
 from pathlib import Path
+
+from trainer.atomic import work_lock
 
 
 def uptime_load() -> float:
@@ -30,18 +30,6 @@ def git_revision() -> str:
                               cwd=Path(__file__).parent).stdout.strip()
     except OSError:
         return "unknown"
-
-
-@contextlib.contextmanager
-def work_lock(path: Path):
-    """One process at a time past this point for `path` (bench processes run side by side on one folder)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def uncommitted(paths=("trainer", "schemas", "kernels")) -> list[str]:

@@ -252,7 +252,7 @@ def tail(path: Path, lines: int = 25) -> str:
 
 
 def train(row: PeerRow, venv: Path) -> tuple[Path, dict]:
-    from bench.heldout import work_lock
+    from trainer.atomic import work_lock
     from trainer.data.store import DataStore
 
     require_venv(venv, "bin/python", SETUP)

@@ -287,7 +287,7 @@ def export(checkpoints: Path, steps: int, variant: str, out_dir: Path) -> dict:
 def train(row: PeerRow, venv: Path = DEFAULT_VENV) -> tuple[Path, dict]:
     import yaml
 
-    from bench.heldout import work_lock
+    from trainer.atomic import work_lock
     from trainer.data.store import DataStore
 
     python = require_venv(venv, "bin/python", SETUP)

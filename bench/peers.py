@@ -57,7 +57,6 @@ from bench.heldout import (
     score_drafter,
     uncommitted,
     uptime_load,
-    work_lock,
 )
 from bench.peer_run import (
     ENGINES,
@@ -70,6 +69,7 @@ from bench.peer_run import (
     resolve_peer_dtype,
     run_measured,
 )
+from trainer.atomic import work_lock
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ DEFAULT_WEIGHTING = {"dflash": "dpace", "dflash2": "fixed-exp-decay"}
 def convert_data(store, target, out_dir: Path, tap_layer_ids: list[int]) -> dict:
     """Write every example of `store` (with >= 2 response tokens) in speculators' offline format under `out_dir`,
     re-running `target` over each sequence for its final pre-norm state. Reuses a complete earlier conversion of
-    the same data and taps (call under bench.heldout.work_lock)."""
+    the same data and taps (call under trainer.atomic.work_lock)."""
     import torch
     from datasets import Dataset  # type: ignore[import-untyped]
     from safetensors.torch import save_file
@@ -329,7 +329,7 @@ def export(save_path: Path, out_dir: Path, drafter_config) -> dict:
 def train(row: PeerRow, venv: Path = DEFAULT_VENV) -> tuple[Path, dict]:
     import torch
 
-    from bench.heldout import work_lock
+    from trainer.atomic import work_lock
     from trainer.data.store import DataStore
     from trainer.drafter.config import DrafterConfig
     from trainer.targets import load_target
