@@ -8,6 +8,9 @@ that records the drafter's lineage at publish, and a rerun on another machine.
     stages/<stage>.json StageMarker     a finished stage's summary, stored last (worker/stages.py): a stage whose
                                         marker exists is not run again, and lineage reads generate's and train's
     report.json         ValidationReport (schemas/validation_report.py), on the same base
+    train/checkpoints/<tag>/engine.json
+                        CheckpointRecord what wrote a training checkpoint: the engine and what a resume must match
+                                        (trainer/training/checkpoint_record.py writes it and checks it on resume)
 
 One rule for all of them, the rule report.json always had (`LenientModel`): every field is optional, keys a model
 does not know are kept (a newer writer's additions survive a round trip), and `read` drops a top-level field
@@ -165,3 +168,22 @@ class StageMarker(VersionedFile):
     def summary(self) -> dict[str, Any]:
         """The stage's summary as the stage returned it (without the file's `version`)."""
         return {k: v for k, v in self.to_json().items() if k != "version"}
+
+
+class CheckpointRecord(VersionedFile):
+    """What wrote one training checkpoint, and what a run resuming it must match to continue it correctly: the
+    engine (the plain torch engine of an fp32 world of one, or DeepSpeed ZeRO), its ZeRO stage, the number of
+    processes (ZeRO shards the optimizer state by rank, and each rank's share of the data follows the world size),
+    the weights' dtype, and the drafter adapter trained (its LoRA weights are in the state). `engine` is required:
+    every writer writes it. The other fields are always written too (None: not that engine's, or no adapter); a
+    record inferred from an older checkpoint's files sets only what the files tell
+    (trainer/training/checkpoint_record.py), and resume checks only the fields set."""
+
+    engine: str = Field(description="plain (trainer/training/local_engine.py) or deepspeed.")
+    zero_stage: int | None = Field(default=None, description="DeepSpeed's ZeRO stage; None for the plain engine.")
+    world_size: int | None = Field(default=None, description="Processes that trained (DeepSpeed's ranks).")
+    dtype: str | None = Field(default=None, description="The weights' torch dtype: float32 or bfloat16.")
+    drafter_adapter_rank: int | None = Field(default=None, description="The drafter adapter's LoRA rank; None: "
+                                             "every weight trained.")
+    drafter_adapter_alpha: int | None = None
+    step: int | None = Field(default=None, description="The optimizer steps the checkpoint holds.")

@@ -30,6 +30,14 @@ class StageInterrupted(DraftsmithError):
     code = "interrupted"
 
 
+class CheckpointMismatch(DraftsmithError):
+    """A training checkpoint that this run cannot resume: another engine, ZeRO stage, number of processes, dtype or
+    drafter adapter wrote it (trainer/training/checkpoint_record.py). The message names what wrote it, what is
+    resuming, and the fix: resume as it was written, or start over."""
+
+    code = "checkpoint_mismatch"
+
+
 # What can be wrong inside a target folder an organisation hands over: each its own code, so a malformed file is
 # told apart from a bug (internal_error) by the job's error.code, the CLI and alerting alike.
 

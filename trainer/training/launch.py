@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from schemas.work_files import PreparedTarget
-from trainer.errors import DraftsmithError, StageInterrupted
+from trainer.errors import CheckpointMismatch, DraftsmithError, StageInterrupted
 
 POLL_SECONDS = 1.0
 STOP_FILE = "STOP"
+REFUSAL_FILE = "launch-refusal.txt"
+"""Rank 0's CheckpointMismatch message: every rank refuses alike, and the launcher raises it as itself, with its code,
+rather than as a crash with a log tail."""
 
 
 class TrainingFailed(DraftsmithError):
@@ -72,6 +75,7 @@ def _launch(config, prepared, data_dir, run_dir, launch, resume, on_step, should
     run_dir.mkdir(parents=True, exist_ok=True)
     stop_file = run_dir / STOP_FILE
     stop_file.unlink(missing_ok=True)
+    (run_dir / REFUSAL_FILE).unlink(missing_ok=True)
     spec_file = run_dir / "launch.json"
     atomic_write_json(spec_file, {"config": config.to_json(), "prepared": PreparedTarget.read(prepared).to_json(),
                                   "data_dir": str(data_dir), "run_dir": str(run_dir), "resume": resume, "machine_device": launch.device})
@@ -106,6 +110,8 @@ def _launch(config, prepared, data_dir, run_dir, launch, resume, on_step, should
         stop_file.unlink()
         raise StageInterrupted("training stopped on request; the ranks wrote a checkpoint and the stage resumes "
                                "from it")
+    if process.returncode != 0 and (run_dir / REFUSAL_FILE).is_file():
+        raise CheckpointMismatch((run_dir / REFUSAL_FILE).read_text())
     if process.returncode != 0:
         tail = log_file.read_text(errors="replace")[-2000:]
         raise TrainingFailed(f"the training launcher exited with {process.returncode}; last output:\n{tail}")
@@ -143,6 +149,12 @@ def _rank_main(spec_file: str) -> None:
         trainer.run(resume=spec["resume"])
     except StageInterrupted:
         sys.exit(3)
+    except CheckpointMismatch as error:
+        if os.environ.get("RANK", "0") == "0":
+            from trainer.atomic import atomic_write_bytes
+
+            atomic_write_bytes(run_dir / REFUSAL_FILE, str(error).encode())
+        sys.exit(4)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from schemas.work_files import CheckpointRecord
 from trainer.atomic import atomic_write_bytes
 from trainer.data.store import DataStore
 from trainer.drafter.checkpoint import save_drafter
@@ -24,6 +25,7 @@ from trainer.errors import DraftsmithError, StageInterrupted
 from trainer.targets.loading import Target
 from trainer.training import distributed
 from trainer.training.blocks import build_blocks, default_decay_gamma
+from trainer.training.checkpoint_record import check_resume, record_for, write_record
 from trainer.training.config import TrainConfig
 from trainer.training.data import ExampleOrder, collate
 from trainer.training.init import initial_drafter
@@ -117,7 +119,7 @@ class Trainer:
         when asked; the example order and a metrics file that ends where training restarts."""
         cfg, target = self.cfg, self.target
         rank, world, device = distributed.init_distributed(target.device)
-        self.rank = rank
+        self.rank, self.world = rank, world
         cached = bool(self.store.meta["hidden_cached"])
         taps = list(self.drafter_config.target_layer_ids)
         # Lazy: a few shards in memory at a time, whatever the data set's size (trainer/data/store.py ExampleIndex).
@@ -229,12 +231,17 @@ class Trainer:
         latest = self.checkpoint_dir / "latest"
         if not latest.is_file():
             return 0
-        _, client_state = engine.load_checkpoint(str(self.checkpoint_dir), tag=latest.read_text().strip())
+        tag = latest.read_text().strip()
+        # Before the engine opens a file: another engine's checkpoint fails there obscurely, or not at all.
+        check_resume(self.checkpoint_dir, tag, self._record(engine))
+        _, client_state = engine.load_checkpoint(str(self.checkpoint_dir), tag=tag)
         self.schedule.load_state(client_state.get("schedule", {}))
         return int(client_state["step"])
 
     def _save_checkpoint(self, engine, step: int) -> None:
         tag = f"step-{step:06d}"
+        if self.rank == 0:  # before the engine's files and `latest`: a checkpoint `latest` names has its record
+            write_record(self.checkpoint_dir / tag, self._record(engine, step))
         engine.save_checkpoint(str(self.checkpoint_dir), tag=tag,
                                client_state={"step": step, "schedule": self.schedule.state()})
         distributed.barrier()
@@ -243,6 +250,10 @@ class Trainer:
                 shutil.rmtree(old, ignore_errors=True)
             self.on_saved(self.metrics_file)
             self.on_saved(self.checkpoint_dir)
+
+    def _record(self, engine, step: int | None = None) -> CheckpointRecord:
+        """What this run's checkpoints are written by (trainer/training/checkpoint_record.py)."""
+        return record_for(engine, self.world, self.target.dtype, self.cfg, step)
 
     def _export(self, engine, rank: int) -> Path:
         state = distributed.full_state_dict(engine)
