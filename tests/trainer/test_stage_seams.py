@@ -47,13 +47,15 @@ CHANGES = {
     "data": {"count": 200, "holdout_share": 0.2, "shard_size": 16},
     "training": {"max_steps": 1234, "max_minutes": 30.0, "learning_rate": 1e-4, "batch_size": 8,
                  "anchors_per_sequence": 32, "checkpoint_every": 50, "zero_stage": 3, "warmup_share": 0.1,
-                 "position_weighting": "dpace", "dpace_alpha": 0.3, "acceptance_loss_weight": 0.5},
+                 "position_weighting": "dpace", "dpace_alpha": 0.3, "acceptance_loss_weight": 0.5,
+                 "drafter_adapter": {"rank": 8}},
     "validation": {"prompts": 64, "max_new_tokens": 48, "sampling_draws": 1000},
     "compute": {"device": "cuda:1", "dtype": "float32"},
     "init": {"from_drafter": "file:///drafters/base"},  # a warm start (issue 12): resolved paths map as file:// does
 }
 SERVICE_ONLY = {"target": {"uri", "base"}, "data": {"source"}}  # resolved to local paths by the caller
 MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
+NEEDS = {("training", "drafter_adapter"): {"init": CHANGES["init"]}}  # an adapter trains over a parent
 
 
 def test_every_spec_field_that_shapes_the_drafter_reaches_the_trainer():
@@ -62,10 +64,12 @@ def test_every_spec_field_that_shapes_the_drafter_reaches_the_trainer():
               "compute": ComputeSpec}
     for section, model in models.items():
         assert set(model.model_fields) - SERVICE_ONLY.get(section, set()) == set(CHANGES[section]), section
-    base = run_config_from_spec(JobSpec.model_validate(MINIMAL), target="t")
     for section, fields in CHANGES.items():
         for name, value in fields.items():
-            spec = JobSpec.model_validate({**MINIMAL, section: {**MINIMAL.get(section, {}), name: value}},
+            start = {**MINIMAL, **NEEDS.get((section, name), {})}
+            base = run_config_from_spec(JobSpec.model_validate(start, context={"allowed_file_roots": ["/"]}),
+                                        target="t")
+            spec = JobSpec.model_validate({**start, section: {**start.get(section, {}), name: value}},
                                           context={"allowed_file_roots": ["/"]})
             assert run_config_from_spec(spec, target="t") != base, f"{section}.{name} does not reach the trainer"
 
