@@ -295,6 +295,21 @@ def test_a_folder_of_no_known_format_is_refused(tiny_qwen3, tmp_path):
         read_parent(folder)
 
 
+def test_what_our_drafter_computes_differently_is_refused_or_said(tiny_qwen3, tmp_path):
+    """Another MLP activation (speculators' --draft-hidden-act) or sliding-window layers would draft other tokens:
+    refused, naming them. A RoPE scaling only moves long-range positions: imported, with a note."""
+    folder = write_zlab(random_drafter(tiny_qwen3, "dflash"), tmp_path / "p")
+    config = json.loads((folder / "config.json").read_text())
+    for change, message in (({"hidden_act": "gelu"}, "hidden_act gelu"),
+                            ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding_attention")):
+        (folder / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(DrafterFormatError, match=message):
+            read_parent(folder)
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128}
+    (folder / "config.json").write_text(json.dumps({**config, "rope_parameters": rope}))
+    assert any("yarn RoPE scaling" in note for note in read_parent(folder).origin.notes)
+
+
 # --- upgrades instead of refusals ------------------------------------------------------------------------------
 
 

@@ -205,9 +205,13 @@ def refuse_unsupported(config: dict, section: dict, where: Path) -> None:
     problems = []
     if config.get("attention_bias"):
         problems.append("attention_bias is true (our drafter's projections have no bias)")
+    activation = config.get("hidden_act", "silu")
+    if activation not in ("silu", "swish"):  # speculators' --draft-hidden-act sets it
+        problems.append(f"hidden_act {activation} (our drafter's MLP is SwiGLU: silu)")
     layer_types = config.get("layer_types") or []
     if any(kind != "full_attention" for kind in layer_types):
-        problems.append(f"layer_types {sorted(set(layer_types))} (our drafter's layers attend fully)")
+        problems.append(f"layer_types {sorted(set(layer_types))} (our drafter's layers attend fully; speculators "
+                        "trains sliding-window layers unless told --full-attention-indices)")
     multiplier = _value(config, section, "output_multiplier")
     if multiplier is not None and float(multiplier) != 1.0:
         problems.append(f"output_multiplier {multiplier} (our drafter feeds the target's head unscaled)")
@@ -259,6 +263,11 @@ def reference_config(config: dict, fmt: str, shapes: dict, num_target_layers: in
             notes.append("trained with shift_label (block slot k predicts anchor + k + 1; ours, anchor + k): its "
                          "drafts here start one position late, until training re-aligns them")
     refuse_unsupported(base, section, where)
+    rope = base.get("rope_parameters") or base.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        notes.append(f"trained with {rope.get('rope_type', rope.get('type'))} RoPE scaling (ours: plain RoPE at its "
+                     "rope_theta): its drafts here differ from its own, most at long range, until training re-aligns "
+                     "them")
     depth = base.get("num_target_layers")
     taps = _value(base, section, "target_layer_ids")
     if taps is None:
