@@ -114,25 +114,16 @@ def create(org_name: str, scopes: tuple[str, ...], name: str, max_concurrent_job
            monthly_tokens_trained: int | None, database_url: str | None) -> None:
     """Create an API key and print it (it is shown only this once)."""
     from domain.db import create_db_engine, create_session_factory
-    from domain.keys import create_api_key
-    from domain.models import Organisation
+    from domain.keys import issue_api_key
 
     settings = _settings(database_url=database_url)
     engine = create_db_engine(settings.database_url)
+    limits = {"max_concurrent_jobs": max_concurrent_jobs, "monthly_compute_seconds": monthly_compute_seconds,
+              "monthly_tokens_generated": monthly_tokens_generated, "monthly_tokens_trained": monthly_tokens_trained}
     try:
         with create_session_factory(engine)() as session:
-            issued = create_api_key(session, settings, org_name=org_name, scopes=list(scopes or ("read", "write")),
-                                    name=name)
-            org = session.get(Organisation, issued.org_id)
-            assert org is not None
-            if max_concurrent_jobs is not None:
-                org.max_concurrent_jobs = max_concurrent_jobs
-            for quota, value in (("monthly_compute_seconds", monthly_compute_seconds),
-                                 ("monthly_tokens_generated", monthly_tokens_generated),
-                                 ("monthly_tokens_trained", monthly_tokens_trained)):
-                if value is not None:
-                    setattr(org, quota, value)
-            session.commit()
+            issued = issue_api_key(session, settings, org_name=org_name, scopes=list(scopes or ("read", "write")),
+                                   name=name, limits=limits)
     finally:
         engine.dispose()
     click.echo(f"organisation: {org_name} ({issued.org_id})", err=True)
@@ -147,17 +138,14 @@ def create(org_name: str, scopes: tuple[str, ...], name: str, max_concurrent_job
 def revoke(key_id: str, database_url: str | None) -> None:
     """Revoke the key KEY_ID (key_...); requests with it then get 401."""
     from domain.db import create_db_engine, create_session_factory
-    from domain.models import ApiKey, utcnow
+    from domain.keys import revoke_api_key
 
     settings = _settings(database_url=database_url)
     engine = create_db_engine(settings.database_url)
     try:
         with create_session_factory(engine)() as session:
-            key = session.get(ApiKey, key_id)
-            if key is None:
+            if not revoke_api_key(session, key_id):
                 raise click.ClickException(f"no key {key_id}")
-            key.revoked_at = key.revoked_at or utcnow()
-            session.commit()
     finally:
         engine.dispose()
     click.echo(f"revoked {key_id}")

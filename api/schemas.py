@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, HttpUrl
 
-from domain.statuses import AuditStatus, JobStatus
+from domain.statuses import AuditStatus, JobStatus, StageRunStatus
 from domain.webhooks import WEBHOOK_EVENT_TYPES
 from schemas.bounds import JsonBody, MultilineText
 from schemas.job_spec import JobSpec
@@ -18,6 +18,8 @@ assert set(WebhookEventType.__args__) == set(WEBHOOK_EVENT_TYPES)  # type: ignor
 # models and the job list's filter all read these.
 JobStatusName = Literal[tuple(status.value for status in JobStatus)]  # type: ignore[misc]
 AuditStatusName = Literal[tuple(status.value for status in AuditStatus)]  # type: ignore[misc]
+StageRunStatusName = Literal["running", "succeeded", "failed", "cancelled", "abandoned"]
+assert StageRunStatusName.__args__ == tuple(StageRunStatus)  # type: ignore[attr-defined]
 
 
 class JobError(BaseModel):
@@ -30,7 +32,7 @@ class StageRunOut(BaseModel):
     id: str
     stage: str
     attempt: int
-    status: Literal["running", "succeeded", "failed", "cancelled", "abandoned"]
+    status: StageRunStatusName
     progress: float | None = Field(description="Percent complete reported by the worker, 0-100.")
     worker_id: str | None
     started_at: datetime

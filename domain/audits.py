@@ -30,6 +30,7 @@ from domain.drafters import get_drafter_for_org
 from domain.errors import InvalidTransition, NotFound, ServiceUnavailable
 from domain.files import uploaded_prompt_count
 from domain.jobs import load_stored_spec, lock_org_and_count_active, parse_spec, refuse_if_full
+from domain.keys import get_organisation
 from domain.models import Audit, Job, Organisation, new_id, utcnow
 from domain.queue import CeleryQueue, RecordingQueue
 from domain.redaction import redact_text
@@ -52,10 +53,19 @@ def organisation_thresholds(org: Organisation) -> AuditThresholds:
     return AuditThresholds.model_validate(org.audit_thresholds) if org.audit_thresholds else AuditThresholds()
 
 
+def audit_thresholds_of(session: Session, org_id: str) -> AuditThresholds:
+    return organisation_thresholds(get_organisation(session, org_id))
+
+
+def set_audit_thresholds(session: Session, org_id: str, thresholds: AuditThresholds) -> AuditThresholds:
+    """The organisation's own rule for keep / warm start / retrain, for audits created from now on; committed."""
+    get_organisation(session, org_id).audit_thresholds = thresholds.model_dump(mode="json")
+    session.commit()
+    return thresholds
+
+
 def create_audit(session: Session, settings: Settings, queue: RecordingQueue | CeleryQueue, *, org_id: str, spec: AuditSpec) -> Audit:
-    org = session.get(Organisation, org_id)
-    assert org is not None
-    defaults: dict[str, Any] = {"thresholds": organisation_thresholds(org)}
+    defaults: dict[str, Any] = {"thresholds": audit_thresholds_of(session, org_id)}
     drafter_id = None
     if spec.drafter.startswith("drf_"):
         drafter = get_drafter_for_org(session, org_id, spec.drafter, field="drafter")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -41,13 +41,14 @@ from domain.errors import (
 )
 from domain.events import append_event
 from domain.files import uploaded_prompt_count
+from domain.keys import lock_organisation
 from domain.models import Audit, Job, JobLabel, Organisation, StageRun, new_id, utcnow
 from domain.queue import CeleryQueue, RecordingQueue
 from domain.redaction import redact_text
 from domain.secrets import check_referenced_secrets
 from domain.settings import Settings
 from domain.states import ACTIVE_STATUSES, STAGE_ORDER, JobStatus, Stage, transition
-from domain.statuses import AUDIT_ACTIVE_STATUSES
+from domain.statuses import AUDIT_ACTIVE_STATUSES, StageRunStatus
 from domain.storage_scope import StorageScopeError, check_spec_storage, refuse_link_loops, spec_storage_uris
 from domain.usage import check_quota
 from schemas.audit import AuditSpec
@@ -132,11 +133,19 @@ def get_job_for_org(session: Session, org_id: str, job_id: str, *, lock: bool = 
     return job
 
 
+def job_by_id(session: Session, job_id: str, *, detach: bool = False) -> Job | None:
+    """The job row read afresh (a long-lived session's copy is refreshed), or None. `detach`: taken out of
+    `session`, so that it can be read after the session closes (its columns are loaded: expire_on_commit is off)."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is not None and detach:
+        session.expunge(job)
+    return job
+
+
 def next_stage(session: Session, job_id: str) -> Stage | None:
     """The first stage without a succeeded attempt: where a new or resumed job continues."""
-    done = set(
-        session.scalars(select(StageRun.stage).where(StageRun.job_id == job_id, StageRun.status == "succeeded"))
-    )
+    done = set(session.scalars(select(StageRun.stage).where(
+        StageRun.job_id == job_id, StageRun.status == str(StageRunStatus.SUCCEEDED))))
     return next((stage for stage in STAGE_ORDER if stage not in done), None)
 
 
@@ -146,19 +155,6 @@ def _check_idempotency_key(key: str | None) -> None:
             "Idempotency-Key must be 1-255 printable ASCII characters without spaces (a UUID works well)",
             errors=[FieldError(field="Idempotency-Key", message="1-255 printable ASCII characters, no spaces")],
         )
-
-
-def lock_organisation(session: Session, org_id: str) -> Organisation:
-    """Serialise, until commit, everything one organisation counts against a limit (job admissions, webhook
-    endpoints): an UPDATE of its row takes the row lock on PostgreSQL and the write lock on SQLite, so a count
-    taken after it stays true until this transaction's insert commits."""
-    session.execute(
-        update(Organisation).where(Organisation.id == org_id).values(updated_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
-    org = session.get(Organisation, org_id)
-    assert org is not None
-    return org
 
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -49,6 +50,29 @@ def normalize_scopes(scopes: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(set(scopes), key=SCOPE_RANK.__getitem__))
 
 
+ORGANISATION_LIMITS = ("max_concurrent_jobs", "monthly_compute_seconds", "monthly_tokens_generated",
+                       "monthly_tokens_trained")
+"""The limits an organisation's row may set for itself (None: the deployment's default applies)."""
+
+
+def get_organisation(session: Session, org_id: str) -> Organisation:
+    """The organisation of an authenticated principal (or of a key just issued), which always exists."""
+    org = session.get(Organisation, org_id)
+    assert org is not None
+    return org
+
+
+def lock_organisation(session: Session, org_id: str) -> Organisation:
+    """Serialise, until commit, everything one organisation counts against a limit (job admissions, webhook
+    endpoints): an UPDATE of its row takes the row lock on PostgreSQL and the write lock on SQLite, so a count
+    taken after it stays true until this transaction's insert commits."""
+    session.execute(
+        update(Organisation).where(Organisation.id == org_id).values(updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return get_organisation(session, org_id)
+
+
 def get_or_create_org(session: Session, name: str) -> Organisation:
     org = session.scalar(select(Organisation).where(Organisation.name == name))
     if org is not None:
@@ -79,6 +103,39 @@ def create_api_key(
     session.add(key)
     session.flush()
     return IssuedKey(key.id, org.id, plaintext, normalized)
+
+
+def issue_api_key(session: Session, settings: Settings, *, org_name: str, scopes: list[str] | tuple[str, ...],
+                  name: str, limits: Mapping[str, int | None]) -> IssuedKey:
+    """`draftsmith keys create`: a key for `org_name` (created if needed) and the organisation's own limits (the
+    `ORGANISATION_LIMITS` given and not None; the others keep their value), committed together."""
+    unknown = set(limits) - set(ORGANISATION_LIMITS)
+    if unknown:
+        raise ValueError(f"unknown organisation limits {sorted(unknown)}; known: {', '.join(ORGANISATION_LIMITS)}")
+    issued = create_api_key(session, settings, org_name=org_name, scopes=scopes, name=name)
+    org = get_organisation(session, issued.org_id)
+    for limit, value in limits.items():
+        if value is not None:
+            setattr(org, limit, value)
+    session.commit()
+    return issued
+
+
+def revoke_api_key(session: Session, key_id: str) -> bool:
+    """`draftsmith keys revoke`: the key refuses requests from now on (revoking twice keeps the first time).
+    False when there is no such key."""
+    key = session.get(ApiKey, key_id)
+    if key is None:
+        return False
+    key.revoked_at = key.revoked_at or utcnow()
+    session.commit()
+    return True
+
+
+def api_key_by_id(session: Session, key_id: object) -> ApiKey | None:
+    """The key row of `key_id` (revoked or not), or None: a signed download link names its key by id, and a
+    link that names none (or not a string) finds no key."""
+    return session.get(ApiKey, key_id) if isinstance(key_id, str) else None
 
 
 def ensure_dev_key(session: Session, settings: Settings, plaintext: str) -> ApiKey:

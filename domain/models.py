@@ -176,7 +176,7 @@ class StageRun(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     stage: Mapped[str] = mapped_column(String(16))
     attempt: Mapped[int]
-    status: Mapped[str] = mapped_column(String(16))  # running|succeeded|failed|cancelled|abandoned
+    status: Mapped[str] = mapped_column(String(16))  # a domain/statuses.py StageRunStatus
     worker_id: Mapped[str | None] = mapped_column(String(200))
     progress: Mapped[float | None] = mapped_column(Float)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -63,7 +63,7 @@ from domain.events import append_event
 from domain.jobs import load_stored_spec, next_stage
 from domain.models import Artifact, Job, MetricPoint, Publication, StageRun, utcnow
 from domain.states import RUNNING_STATUSES, STAGE_ORDER, STATUS_OF_STAGE, JobStatus, Stage, transition
-from domain.statuses import job_status_text
+from domain.statuses import StageRunStatus, job_status_text
 from domain.storage import LocalStorage, S3Storage, check_key
 
 __all__ = [
@@ -93,7 +93,7 @@ def _running_attempt(session: Session, job_id: str, stage: str | None) -> StageR
         return None
     return session.scalar(
         select(StageRun)
-        .where(StageRun.job_id == job_id, StageRun.stage == stage, StageRun.status == "running")
+        .where(StageRun.job_id == job_id, StageRun.stage == stage, StageRun.status == str(StageRunStatus.RUNNING))
         .order_by(StageRun.attempt.desc())
         .limit(1)
     )
@@ -115,18 +115,17 @@ def claim_stage(session: Session, job_id: str, stage: Stage | str, *, worker_id:
         raise StageBusy(f"job {job_id}: {holder.worker_id} is running {stage} (heartbeat {holder.heartbeat_at})")
     if job.status == target:
         # The same stage claimed again (worker died, task redelivered): the old attempt is over.
-        for stale in session.scalars(
-            select(StageRun).where(StageRun.job_id == job_id, StageRun.stage == stage, StageRun.status == "running")
-        ):
-            stale.status, stale.finished_at = "abandoned", now
+        for stale in session.scalars(select(StageRun).where(
+            StageRun.job_id == job_id, StageRun.stage == stage, StageRun.status == str(StageRunStatus.RUNNING))):
+            stale.status, stale.finished_at = str(StageRunStatus.ABANDONED), now
             stale.error_message = "superseded by a new attempt"
     else:
         transition(session, job, target, reason=f"stage {stage} started")
     attempt = (session.scalar(
         select(func.max(StageRun.attempt)).where(StageRun.job_id == job_id, StageRun.stage == stage)
     ) or 0) + 1
-    run = StageRun(job_id=job_id, stage=str(stage), attempt=attempt, status="running", worker_id=worker_id,
-                   progress=0.0, started_at=now, heartbeat_at=now)
+    run = StageRun(job_id=job_id, stage=str(stage), attempt=attempt, status=str(StageRunStatus.RUNNING),
+                   worker_id=worker_id, progress=0.0, started_at=now, heartbeat_at=now)
     session.add(run)
     append_event(session, job, "stage.started", f"stage {stage} started (attempt {attempt})", stage=str(stage),
                  progress=0.0, data={"attempt": attempt, "worker_id": worker_id})
@@ -259,7 +258,7 @@ def finish_stage(session: Session, job_id: str, stage: Stage | str) -> JobStatus
     run = _running_attempt(session, job_id, str(stage))
     if run is None:
         raise StageConflict(f"job {job_id} has no running attempt of stage {stage} to finish")
-    run.status, run.finished_at, run.progress = "succeeded", utcnow(), 100.0
+    run.status, run.finished_at, run.progress = str(StageRunStatus.SUCCEEDED), utcnow(), 100.0
     job.updated_at = run.finished_at  # a hand-over to the next stage starts its clock now (take_over_stale_jobs)
     append_event(session, job, "stage.finished", f"stage {stage} finished", stage=str(stage), progress=100.0)
     if job.status == JobStatus.CANCELLING:
@@ -278,7 +277,7 @@ def fail_job(session: Session, job_id: str, *, code: str, message: str, stage: S
     stage_name = str(Stage(stage)) if stage is not None else job.stage
     run = _running_attempt(session, job_id, stage_name)
     if run is not None:
-        run.status, run.finished_at = "failed", utcnow()
+        run.status, run.finished_at = str(StageRunStatus.FAILED), utcnow()
         run.error_code, run.error_message = code, message[:10_000]
     append_event(session, job, "stage.failed", f"{code}: {message}"[:10_000], stage=stage_name, level="error",
                  data={"code": code})
@@ -309,7 +308,7 @@ def acknowledge_cancellation(session: Session, job_id: str) -> None:
         raise InvalidTransition(f"job {job_id} is {job.status}; no cancellation to acknowledge")
     run = _running_attempt(session, job_id, job.stage)
     if run is not None:
-        run.status, run.finished_at = "cancelled", utcnow()
+        run.status, run.finished_at = str(StageRunStatus.CANCELLED), utcnow()
     transition(session, job, JobStatus.CANCELLED, reason="cancelled by request")
     session.commit()
 
@@ -317,7 +316,7 @@ def acknowledge_cancellation(session: Session, job_id: str) -> None:
 def _live_attempt(session: Session, job_id: str, stage: Stage, stale_after_seconds: float) -> StageRun | None:
     cutoff = utcnow() - timedelta(seconds=stale_after_seconds)
     return session.scalar(select(StageRun).where(
-        StageRun.job_id == job_id, StageRun.stage == str(stage), StageRun.status == "running",
+        StageRun.job_id == job_id, StageRun.stage == str(stage), StageRun.status == str(StageRunStatus.RUNNING),
         StageRun.heartbeat_at >= cutoff).limit(1))
 
 
@@ -334,8 +333,8 @@ def heartbeat(session: Session, job_id: str, stage: Stage | str, worker_id: str)
     (taken over after a stall, or ended by a cancellation): stop working on it."""
     result = execute_dml(session,
         update(StageRun)
-        .where(StageRun.job_id == job_id, StageRun.stage == str(Stage(stage)), StageRun.status == "running",
-               StageRun.worker_id == worker_id)
+        .where(StageRun.job_id == job_id, StageRun.stage == str(Stage(stage)),
+               StageRun.status == str(StageRunStatus.RUNNING), StageRun.worker_id == worker_id)
         .values(heartbeat_at=utcnow())
         .execution_options(synchronize_session=False)
     )
@@ -348,10 +347,10 @@ def release_stage(session: Session, job_id: str, stage: Stage | str, worker_id: 
     the retry, on any worker, may claim the stage at once."""
     job = _locked_job(session, job_id)
     run = session.scalar(select(StageRun).where(
-        StageRun.job_id == job_id, StageRun.stage == str(Stage(stage)), StageRun.status == "running",
+        StageRun.job_id == job_id, StageRun.stage == str(Stage(stage)), StageRun.status == str(StageRunStatus.RUNNING),
         StageRun.worker_id == worker_id))
     if run is not None:
-        run.status, run.finished_at, run.error_message = "abandoned", utcnow(), reason[:10_000]
+        run.status, run.finished_at, run.error_message = str(StageRunStatus.ABANDONED), utcnow(), reason[:10_000]
         append_event(session, job, "stage.released", f"stage {stage} attempt {run.attempt} released: {reason}"[:10_000],
                      stage=str(Stage(stage)), level="warning")
     session.commit()
@@ -370,14 +369,15 @@ def take_over_stale_jobs(session: Session, stale_after_seconds: float) -> list[t
     taken: list[tuple[str, Stage]] = []
     stale_runs = session.execute(
         select(StageRun.id, StageRun.job_id, StageRun.stage).join(Job, Job.id == StageRun.job_id).where(
-            StageRun.status == "running", Job.status.in_([str(s) for s in RUNNING_STATUSES | {JobStatus.CANCELLING}]),
+            StageRun.status == str(StageRunStatus.RUNNING),
+            Job.status.in_([str(s) for s in RUNNING_STATUSES | {JobStatus.CANCELLING}]),
             or_(StageRun.heartbeat_at < cutoff, StageRun.heartbeat_at.is_(None)))
     ).all()
     for run_id, job_id, stage in stale_runs:
         claimed = execute_dml(session,
-            update(StageRun).where(StageRun.id == run_id, StageRun.status == "running",
+            update(StageRun).where(StageRun.id == run_id, StageRun.status == str(StageRunStatus.RUNNING),
                                    or_(StageRun.heartbeat_at < cutoff, StageRun.heartbeat_at.is_(None)))
-            .values(status="abandoned", finished_at=utcnow(),
+            .values(status=str(StageRunStatus.ABANDONED), finished_at=utcnow(),
                     error_message=f"its worker went quiet (no heartbeat for {stale_after_seconds:g} s)")
             .execution_options(synchronize_session=False)
         ).rowcount
@@ -385,7 +385,7 @@ def take_over_stale_jobs(session: Session, stale_after_seconds: float) -> list[t
             _wait_for_worker(session, job_id, f"its worker went quiet in stage {stage}")
             taken.append((job_id, Stage(stage)))
         session.commit()
-    running = session.scalars(select(StageRun.job_id).where(StageRun.status == "running"))
+    running = session.scalars(select(StageRun.job_id).where(StageRun.status == str(StageRunStatus.RUNNING)))
     idle_jobs = session.execute(
         select(Job.id, Job.stage).where(Job.status.in_([str(s) for s in RUNNING_STATUSES]), Job.updated_at < cutoff,
                                         Job.id.not_in(running))

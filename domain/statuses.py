@@ -1,7 +1,7 @@
-"""The status names a job and an audit can hold: the one list of each.
+"""The status names a job, a stage run and an audit can hold: the one list of each.
 
-`JobStatus` is the job's (domain/states.py holds the transitions between them), `AuditStatus` an audit's
-(domain/audits.py). Both are stored as plain strings (String(16) columns, no database enum type: a new status
+`JobStatus` is the job's (domain/states.py holds the transitions between them), `StageRunStatus` one stage
+attempt's (domain/runs.py writes them), `AuditStatus` an audit's (domain/audits.py). All are stored as plain strings (String(16) columns, no database enum type: a new status
 needs no migration); the API's response models and filters derive their `Literal`s from these enums. This module
 imports nothing of the domain, so every other domain module (the webhook rule and drafter queries included, which
 domain/states.py itself imports) can name a status without an import circle.
@@ -35,6 +35,17 @@ show); every other status reads as its name."""
 
 def job_status_text(status: str) -> str:
     return JOB_STATUS_TEXT.get(JobStatus(status), status)
+
+
+class StageRunStatus(StrEnum):
+    """One attempt at one stage (a `stage_runs` row): running → succeeded | failed | cancelled, or abandoned when
+    its worker released it, went quiet, or a redelivered task claimed the stage again."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    ABANDONED = "abandoned"
 
 
 class AuditStatus(StrEnum):

@@ -12,12 +12,15 @@ import base64
 import json
 import secrets
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from domain.drafters import rollout_summary
+from domain.errors import FieldError, InvalidRequest
+from domain.keys import lock_organisation
 from domain.models import Job, JobLabel, Webhook, WebhookAttempt, WebhookDelivery, utcnow
 from domain.statuses import JobStatus
 
@@ -82,6 +85,46 @@ def enqueue_job_webhooks(session: Session, job: Job, event_type: str, *, extra: 
     return len(hooks)
 
 
+MAX_WEBHOOKS_PER_ORG = 20
+WEBHOOK_FIELDS = ("url", "event_types", "description", "enabled")
+"""What a change to an endpoint may set (`change_webhook`)."""
+
+
+def add_webhook(session: Session, org_id: str, *, url: str, events: Iterable[str], description: str | None,
+                enabled: bool) -> Webhook:
+    """Register an endpoint (its URL already judged by the egress policy) with a new signing secret; committed.
+    Counted and inserted in one transaction under the organisation's lock: concurrent creates cannot all see room
+    for one more (without the lock, 40 creates at once stored 21 against the limit of 20)."""
+    lock_organisation(session, org_id)
+    if count_webhooks(session, org_id) >= MAX_WEBHOOKS_PER_ORG:
+        raise InvalidRequest(f"an organisation may have at most {MAX_WEBHOOKS_PER_ORG} webhooks; delete one first",
+                             errors=[FieldError(field="url", message="too many webhooks")])
+    hook = Webhook(org_id=org_id, url=url, secret=new_webhook_secret(), event_types=sorted(set(events)),
+                   description=description, enabled=enabled)
+    session.add(hook)
+    session.commit()
+    return hook
+
+
+def change_webhook(session: Session, hook: Webhook, **changes: Any) -> Webhook:
+    """Set the given `WEBHOOK_FIELDS` of an endpoint (event types kept sorted and unique) and its updated_at;
+    committed."""
+    unknown = set(changes) - set(WEBHOOK_FIELDS)
+    if unknown:
+        raise ValueError(f"a webhook has no field {sorted(unknown)} to change; known: {', '.join(WEBHOOK_FIELDS)}")
+    if "event_types" in changes:
+        changes["event_types"] = sorted(set(changes["event_types"]))
+    for field, value in changes.items():
+        setattr(hook, field, value)
+    hook.updated_at = utcnow()
+    session.commit()
+    return hook
+
+
+def remove_webhook(session: Session, hook: Webhook) -> None:
+    """Delete an endpoint (its deliveries and their attempts go with it); committed."""
+    session.delete(hook)
+    session.commit()
 
 
 def webhook_for_org(session: Session, org_id: str, webhook_id: str) -> Webhook | None:

@@ -256,6 +256,94 @@ def test_queries_live_in_the_domain():
                         gone="these no longer import SQLAlchemy: delete them from SQLALCHEMY_IMPORTERS")
 
 
+SESSION_METHODS = {"add", "add_all", "commit", "execute", "scalar", "scalars", "get", "delete", "flush", "refresh",
+                   "merge", "query"}
+"""What a database session does that is a query or a write: called on a session in api/ or worker/, it is a query
+outside domain/. Ending a session (`close`, `rollback`, `invalidate`, `in_transaction`) is the caller's to do and
+is not counted: whoever opens a session ends it."""
+
+SESSION_NAMES = re.compile(r"^(session|db|.*_session)$")
+SESSION_TYPE = re.compile(r"\bSession(Dep)?\b")
+
+SESSION_CALLS: dict[str, str] = {}
+"""`path::function: receiver.method` -> why that call stays outside domain/, for the session calls in api/ and
+worker/. Empty: every query and commit of the API and the worker is a function of domain/ (the transaction boundary
+of a request, api/deps.py, only closes sessions). A list that may only shrink, like SQLALCHEMY_IMPORTERS."""
+
+
+def session_calls(tree: ast.AST) -> list[str]:
+    """`function: receiver.method` for each `SESSION_METHODS` call on a session: a name or attribute called
+    `session`, `db` or `*_session` (`self.session`), a name annotated with the session type (`Session`,
+    `SessionDep`, not a `sessionmaker[Session]`), or a name bound by `with <a session factory>() as name`. A dict's
+    `.get` (`claims.get("k")`) is none of these."""
+    typed = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg | ast.AnnAssign) and node.annotation is not None:
+            annotation = ast.unparse(node.annotation)
+            target = node.arg if isinstance(node, ast.arg) else getattr(node.target, "id", None)
+            if target and SESSION_TYPE.search(annotation) and "sessionmaker" not in annotation:
+                typed.add(target)
+        elif isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name):
+            if isinstance(node.context_expr, ast.Call) and "session" in ast.unparse(node.context_expr.func).lower():
+                typed.add(node.optional_vars.id)
+
+    def is_session(node: ast.AST) -> bool:
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        return name is not None and (bool(SESSION_NAMES.match(name)) or isinstance(node, ast.Name) and name in typed)
+
+    found = []
+
+    def visit(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                visit(child, f"{where}.{child.name}" if where else child.name)
+                continue
+            if (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute)
+                    and child.func.attr in SESSION_METHODS and is_session(child.func.value)):
+                found.append(f"{where or '<module>'}: {ast.unparse(child.func.value)}.{child.func.attr}")
+            visit(child, where)
+
+    visit(tree, "")
+    return found
+
+
+def test_the_session_scan_sees_sessions_and_nothing_else():
+    sample = ast.parse(textwrap.dedent("""
+        def route(session: SessionDep, claims: dict, services):
+            session.add(row)
+            key = claims.get("k")
+            services.settings.get("x")
+            session.close()
+        def reader(handle: Session | Connection, factory: sessionmaker[Session]):
+            handle.execute(query)
+            factory.get()
+        def worker(ctx):
+            with ctx.session_factory() as s:
+                s.get(Job, 1)
+            with open("f") as f:
+                f.get()
+        class Records:
+            def write(self, db):
+                self.session.commit()
+                db.scalar(query)
+                self.cache.get("k")
+    """))
+    assert session_calls(sample) == ["route: session.add", "reader: handle.execute", "worker: s.get",
+                                     "Records.write: self.session.commit", "Records.write: db.scalar"]
+
+
+def test_sessions_are_used_only_in_the_domain():
+    """"Every query lives in domain/" for session use, not only for imports: api/ and worker/ call the domain's
+    functions (domain/webhooks.py `add_webhook`, domain/keys.py `issue_api_key`, domain/jobs.py `job_by_id`...) and
+    never add, commit, execute or get through a session themselves."""
+    found = {f"{path}::{call}" for package in ("api", "worker") for path, tree in product_trees()
+             if path.startswith(f"{package}/") for call in session_calls(tree)}
+    assert_only_shrinks(found, set(SESSION_CALLS),
+                        new="a session used outside domain/: move the query into a function of domain/ and call it",
+                        gone="these session calls are gone: delete them from SESSION_CALLS")
+    assert session_calls(ast.parse((ROOT / "domain" / "runs.py").read_text())), "the scan no longer sees sessions"
+
+
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

@@ -22,6 +22,7 @@ from enum import StrEnum
 
 from domain import runs
 from domain.errors import InvalidTransition
+from domain.jobs import job_by_id
 from domain.models import Job
 from domain.queue import queue_for
 from domain.states import TERMINAL_STATUSES, JobStatus
@@ -55,7 +56,7 @@ def run_job(ctx: WorkerContext, job_id: str, send: Send, *, send_helpers: SendHe
     """Run the job's stages that this worker's queues take, from the next one on; `send` hands the job to another
     queue, `send_helpers` asks other workers to help a generate stage (DRAFTSMITH_WORKER_GENERATE_WORKERS > 1)."""
     with ctx.session_factory() as session:
-        job = session.get(Job, job_id)
+        job = job_by_id(session, job_id)
         if job is None or JobStatus(job.status) in TERMINAL_STATUSES:
             log.info("job %s: nothing to do (%s)", job_id, job.status if job else "no such job")
             return Outcome.NOTHING_TO_DO
@@ -87,7 +88,7 @@ def run_job(ctx: WorkerContext, job_id: str, send: Send, *, send_helpers: SendHe
             except (InvalidTransition, runs.StageConflict) as exc:  # cancelled while queued, or raced
                 log.info("job %s: not running %s: %s", job_id, stage, exc)
                 return Outcome.NOTHING_TO_DO
-            job = session.get(Job, job_id, populate_existing=True)
+            job = job_by_id(session, job_id)
         outcome = _run_claimed(ctx, job, stage, send, send_helpers, retries_left)
         if outcome is not None:
             return outcome

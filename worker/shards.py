@@ -20,8 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from domain import shards as claims_db
-from domain.jobs import load_stored_spec
-from domain.models import Job
+from domain.jobs import job_by_id, load_stored_spec
 from domain.states import JobStatus
 from schemas.stages import Stage
 from trainer.errors import DraftsmithError, StageInterrupted
@@ -212,11 +211,10 @@ class ShardClaims(HeartbeatedWork):
 def help_generate(ctx: WorkerContext, job_id: str) -> str:
     """The `draftsmith.generate_shards(job_id)` task: claim and write the job's shards until none is left to claim."""
     with ctx.session_factory() as session:
-        job = session.get(Job, job_id)
+        job = job_by_id(session, job_id, detach=True)  # read below, after the session closed
         rows = claims_db.shard_rows(session, job_id) if job is not None else []
         if job is None or job.status != JobStatus.GENERATING or all(r.status == claims_db.DONE for r in rows):
             return "nothing_to_do"
-        session.expunge(job)
     files = JobFiles(ctx, job_id)
     files.sync.pull("sources.json", "prepare.json")
     spec = load_stored_spec(job.spec)

@@ -34,7 +34,7 @@ from api.routes.job_data import artifact_response
 from domain.artifacts import artifact_named
 from domain.errors import NotFound
 from domain.jobs import get_job_for_org
-from domain.models import ApiKey
+from domain.keys import api_key_by_id
 from domain.settings import Settings
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
@@ -107,7 +107,7 @@ def create_download_link(principal: ReadPrincipal, session: SessionDep, services
 @router.get("/downloads/{token}")
 def follow_download_link(token: str, session: SessionDep, services: ServicesDep) -> Response:
     claims = verify_download(services.settings, token)
-    key = session.get(ApiKey, claims.get("k"))
+    key = api_key_by_id(session, claims.get("k"))
     if key is None or key.revoked_at is not None:  # revoking a key also kills its pending links
         raise NotFound("this download link is invalid or has expired; press Download again")
     job = get_job_for_org(session, key.org_id, str(claims.get("j")))

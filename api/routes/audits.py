@@ -13,16 +13,16 @@ from api.problems import problem_responses
 from api.schemas import AuditList, AuditOut
 from api.views import audit_out
 from domain.audits import (
+    audit_thresholds_of,
     cancel_audit,
     create_audit,
     get_audit_for_org,
     list_audits,
-    organisation_thresholds,
     parse_audit_spec,
+    set_audit_thresholds,
 )
 from domain.db import Session
 from domain.errors import FieldError, InvalidRequest
-from domain.models import Organisation
 from schemas.audit import AuditSpec, AuditThresholds
 
 router = APIRouter(tags=["audits"])
@@ -92,9 +92,7 @@ def _cancelled_audit_out(session: Session, org_id: str, audit_id: str) -> AuditO
 @router.get("/v1/audit-thresholds", response_model=AuditThresholds, summary="The organisation's audit thresholds",
             responses=problem_responses(401, 403))
 def get_thresholds(principal: ReadPrincipal, session: SessionDep) -> AuditThresholds:
-    org = session.get(Organisation, principal.org_id)
-    assert org is not None
-    return organisation_thresholds(org)
+    return audit_thresholds_of(session, principal.org_id)
 
 
 @router.put("/v1/audit-thresholds", response_model=AuditThresholds, summary="Set the organisation's audit thresholds",
@@ -102,8 +100,4 @@ def get_thresholds(principal: ReadPrincipal, session: SessionDep) -> AuditThresh
             "warm_start_min_gain_ratio, retrain below; gain ratio = (tau - 1) / (reference tau - 1).",
             responses=problem_responses(401, 403, 422))
 def put_thresholds(principal: AdminPrincipal, session: SessionDep, thresholds: AuditThresholds) -> AuditThresholds:
-    org = session.get(Organisation, principal.org_id)
-    assert org is not None
-    org.audit_thresholds = thresholds.model_dump(mode="json")
-    session.commit()
-    return thresholds
+    return set_audit_thresholds(session, principal.org_id, thresholds)

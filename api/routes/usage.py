@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from api.deps import ReadPrincipal, ServicesDep, SessionDep
 from api.problems import problem_responses
-from domain.models import Organisation
+from domain.keys import get_organisation
 from domain.usage import (
     PERIOD_PATTERN,
     active_job_count,
@@ -53,8 +53,7 @@ def usage(principal: ReadPrincipal, session: SessionDep, services: ServicesDep,
                                               json_schema_extra={"pattern": PERIOD_PATTERN})] = None
           ) -> UsageOut:
     name, start, end = parse_period(period) if period else period_bounds()
-    org = session.get(Organisation, principal.org_id)
-    assert org is not None
+    org = get_organisation(session, principal.org_id)
     return UsageOut(period=name, period_start=start, resets_at=end,
                     usage=UsageCounters(**usage_between(session, org.id, start, end)),
                     limits=UsageLimits(**limits_for(org, services.settings)),

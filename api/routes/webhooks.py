@@ -18,13 +18,11 @@ from api.schemas import (
 )
 from domain.egress import EgressPolicy, EgressRefused
 from domain.errors import FieldError, InvalidRequest, NotFound
-from domain.jobs import lock_organisation
-from domain.models import Webhook, utcnow
+from domain.models import Webhook
 from domain.settings import Settings
-from domain.webhooks import count_webhooks, new_webhook_secret, recent_deliveries, webhook_for_org, webhooks_of
+from domain.webhooks import add_webhook, change_webhook, recent_deliveries, remove_webhook, webhook_for_org, webhooks_of
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
-MAX_WEBHOOKS_PER_ORG = 20
 MAX_WEBHOOK_URL_LENGTH = 2048  # the column's size
 
 
@@ -60,16 +58,9 @@ def _get(session: SessionDep, org_id: str, webhook_id: str) -> Webhook:
 def create_webhook(principal: AdminPrincipal, session: SessionDep, settings: SettingsDep,
                    body: WebhookCreate) -> WebhookCreated:
     url = _checked_url(str(body.url), settings)
-    # Counted and inserted in one transaction under the organisation's lock: concurrent creates cannot all see
-    # room for one more (without the lock, 40 creates at once stored 21 against the limit of 20).
-    lock_organisation(session, principal.org_id)
-    if count_webhooks(session, principal.org_id) >= MAX_WEBHOOKS_PER_ORG:
-        raise InvalidRequest(f"an organisation may have at most {MAX_WEBHOOKS_PER_ORG} webhooks; delete one first",
-                             errors=[FieldError(field="url", message="too many webhooks")])
-    hook = Webhook(org_id=principal.org_id, url=url, secret=new_webhook_secret(),
-                   event_types=sorted(set(body.events)), description=body.description, enabled=body.enabled)
-    session.add(hook)
-    session.commit()
+    # Counted and inserted under the organisation's lock, at most MAX_WEBHOOKS_PER_ORG (domain/webhooks.py).
+    hook = add_webhook(session, principal.org_id, url=url, events=body.events, description=body.description,
+                       enabled=body.enabled)
     return WebhookCreated(**_out(hook).model_dump(), secret=hook.secret)
 
 
@@ -89,24 +80,22 @@ def get_webhook(principal: AdminPrincipal, session: SessionDep, webhook_id: str)
 def update_webhook(principal: AdminPrincipal, session: SessionDep, settings: SettingsDep, webhook_id: str,
                    body: WebhookUpdate) -> WebhookOut:
     hook = _get(session, principal.org_id, webhook_id)
+    changes: dict[str, object] = {}
     if body.url is not None:
-        hook.url = _checked_url(str(body.url), settings)
+        changes["url"] = _checked_url(str(body.url), settings)
     if body.events is not None:
-        hook.event_types = sorted(set(body.events))
+        changes["event_types"] = body.events
     if "description" in body.model_fields_set:
-        hook.description = body.description
+        changes["description"] = body.description
     if body.enabled is not None:
-        hook.enabled = body.enabled
-    hook.updated_at = utcnow()
-    session.commit()
-    return _out(hook)
+        changes["enabled"] = body.enabled
+    return _out(change_webhook(session, hook, **changes))
 
 
 @router.delete("/{webhook_id}", status_code=204, response_class=Response, summary="Delete a webhook endpoint",
                responses=problem_responses(401, 403, 404))
 def delete_webhook(principal: AdminPrincipal, session: SessionDep, webhook_id: str) -> Response:
-    session.delete(_get(session, principal.org_id, webhook_id))
-    session.commit()
+    remove_webhook(session, _get(session, principal.org_id, webhook_id))
     return Response(status_code=204)
 
 

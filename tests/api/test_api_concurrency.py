@@ -19,9 +19,9 @@ from live_server import live_server
 from sqlalchemy import func, select
 
 from api.main import create_app
-from api.routes.webhooks import MAX_WEBHOOKS_PER_ORG
 from domain.models import Audit, Job, OrgSecret, Webhook
 from domain.secrets import secret_value
+from domain.webhooks import MAX_WEBHOOKS_PER_ORG
 
 MINIMAL = {"target": {"uri": "bundled:smollm2-135m"}}
 

@@ -158,6 +158,13 @@ def test_webhook_crud_and_validation(harness, receiver, tmp_path):
     patched = harness.client.patch(f"/v1/webhooks/{hook['id']}", headers=org.headers,
                                    json={"enabled": False, "events": ["job.failed"]})
     assert patched.status_code == 200 and patched.json()["enabled"] is False
+    url = f"/v1/webhooks/{hook['id']}"
+    described = harness.client.patch(url, headers=org.headers, json={"description": "ci",
+                                                                     "events": ["job.started", "job.failed"] * 2})
+    assert described.json()["description"] == "ci" and described.json()["events"] == ["job.failed", "job.started"]
+    kept = harness.client.patch(url, headers=org.headers, json={"enabled": True}).json()  # unnamed fields stay
+    assert kept["description"] == "ci" and kept["enabled"] is True and kept["events"] == ["job.failed", "job.started"]
+    assert harness.client.patch(url, headers=org.headers, json={"description": None}).json()["description"] is None
     assert harness.client.get(f"/v1/webhooks/{hook['id']}", headers=other.headers).status_code == 404
     assert harness.client.delete(f"/v1/webhooks/{hook['id']}", headers=other.headers).status_code == 404
     for body, field in (({"url": "ftp://example.com"}, "url"), ({"url": receiver.url, "events": ["job.exploded"]},
