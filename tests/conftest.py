@@ -8,13 +8,6 @@ from pathlib import Path
 
 import pytest
 
-# `make test` runs the suite on several workers (pytest-xdist): each gets its share of the cores for torch's threads,
-# the processes it starts included (trainer subprocesses, torchrun ranks), so workers do not fight over the cores.
-# Set before torch is imported; an OMP_NUM_THREADS already set wins.
-_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if _XDIST_WORKERS > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _XDIST_WORKERS)))
-
 # Validation measures a drafter in every serving engine installed here (trainer/validation/engines.py). Outside
 # tests/engines/, which point this back at the real folder, a job's validate stage finds none, so the suite takes
 # the same time on a machine with engines (bench/setup/) as on CI, which has none.
@@ -22,6 +15,13 @@ from trainer.validation.engine_paths import ENGINES_DIR_ENV
 
 os.environ.setdefault("DRAFTSMITH_TEST_REAL_ENGINES_DIR", os.environ.get(ENGINES_DIR_ENV, ""))
 os.environ[ENGINES_DIR_ENV] = str(Path(__file__).parent / "no-engines-outside-tests-engines")
+
+# `make test` runs the suite on several workers (pytest-xdist): each gets its share of the cores for torch's threads,
+# the processes it starts included (trainer subprocesses, torchrun ranks), so workers do not fight over the cores.
+# Set before torch is imported (engine_paths above does not import it); an OMP_NUM_THREADS already set wins.
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _XDIST_WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _XDIST_WORKERS)))
 
 
 @pytest.fixture(scope="session")
