@@ -1,16 +1,16 @@
-"""trainer/bootstrap.py, the one resampler, against a plain percentile bootstrap written out here (the loop the
-validation report and the bench used before scipy drew their resamples) and against the normal approximation a
+"""trainer/bootstrap.py, the one resampler, against a plain percentile bootstrap (bench/bootstrap_shift.py's loops: the
+ones the validation report and the bench used before scipy drew their resamples) and against the normal approximation a
 large sample gives. Both resamplers are seeded, so each comparison is deterministic; the tolerance is a share of
 the interval's width, the Monte-Carlo noise of 4,000 draws being a few per cent of it."""
 
 from __future__ import annotations
 
 import math
-import random
 
 import numpy as np
 import pytest
 
+from bench.bootstrap_shift import better_on_a_third, held_out, plain_interval, plain_pooled_interval, plain_tau
 from trainer.bootstrap import (
     bootstrap_interval,
     paired_ratio_interval,
@@ -20,25 +20,6 @@ from trainer.bootstrap import (
 
 TOLERANCE = 0.1
 """Largest gap between an endpoint here and the plain loop's, as a share of the interval's width."""
-
-
-def held_out(seed: int, count: int = 66, gain: float = 0.0) -> list[tuple[int, int]]:
-    """(tokens emitted, cycles) for `count` prompts shaped like the recipe study's held-out set: 40-96 tokens a
-    prompt, tau spread around 2.2 from prompt to prompt (easy and hard prompts)."""
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(40, 97, count)
-    tau = np.clip(rng.normal(2.2, 0.6, count), 1.0, 6.0) + gain
-    return [(int(t), max(1, round(t / a))) for t, a in zip(tokens, tau, strict=True)]
-
-
-def plain_interval(statistic, count: int, draws: int = 4000, level: float = 0.95, seed: int = 0):
-    rng = random.Random(seed)
-    values = sorted(statistic([rng.randrange(count) for _ in range(count)]) for _ in range(draws))
-    return values[int((1 - level) / 2 * draws)], values[min(draws - 1, int((1 + level) / 2 * draws))]
-
-
-def plain_tau(per_prompt, picks) -> float:
-    return sum(per_prompt[i][0] for i in picks) / max(1, sum(per_prompt[i][1] for i in picks))
 
 
 def assert_close(got: tuple[float, float], expected: tuple[float, float]) -> None:
@@ -53,7 +34,7 @@ def assert_close(got: tuple[float, float], expected: tuple[float, float]) -> Non
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_tau_and_the_paired_figures_match_the_plain_loop(seed):
     base = held_out(seed)
-    new = [(e, max(1, c - (i % 3 == 0))) for i, (e, c) in enumerate(base)]  # a drafter slightly better on a third
+    new = better_on_a_third(base)
     assert_close(bootstrap_interval(base), plain_interval(lambda p: plain_tau(base, p), len(base)))
     assert_close(
         bootstrap_interval(new, base), plain_interval(lambda p: plain_tau(new, p) - plain_tau(base, p), len(base))
@@ -88,18 +69,7 @@ def test_a_large_sample_gives_the_normal_interval_of_the_mean():
 def test_the_seed_pooled_ratio_matches_the_plain_two_level_loop():
     runs = [held_out(10 + s, gain=0.15) for s in range(3)]
     references = [held_out(20 + s) for s in range(3)]
-    count = len(runs[0])
-
-    def pooled(side, seeds, prompts):
-        return sum(side[s][p][0] for s in seeds for p in prompts) / sum(side[s][p][1] for s in seeds for p in prompts)
-
-    rng = random.Random(0)
-    ratios = sorted(
-        pooled(runs, [rng.randrange(3) for _ in range(3)], prompts)
-        / pooled(references, [rng.randrange(3) for _ in range(3)], prompts)
-        for prompts in ([rng.randrange(count) for _ in range(count)] for _ in range(4000))
-    )
-    assert_close(seed_pooled_ratio_interval(runs, references), (ratios[100], ratios[3900]))
+    assert_close(seed_pooled_ratio_interval(runs, references), plain_pooled_interval(runs, references))
 
 
 def test_intervals_are_seeded_and_cover_their_estimate():
