@@ -1,4 +1,4 @@
-"""What the comparison benches share (bench/recipe_study.py, bench/peers.py): the held-out references decoded
+"""What the comparison benches share (bench/recipe_study.py, bench/peers/compare.py): the held-out references decoded
 once per work folder, a drafter's held-out row by replay with its bootstrap interval, the results file rows are
 appended to, paired intervals between rows, and the machine's load next to every figure.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NVIDIA ModelOpt 0.47.0 (DFlash with D-PACE, offline training) in its own venv, for bench/peers.py only: a bench
+# NVIDIA ModelOpt 0.47.0 (DFlash with D-PACE, offline training) in its own venv, for bench/peers/compare.py only: a bench
 # dependency, never a runtime one (nothing under trainer/, api/ or worker/ imports it; `make run` never needs it).
 #
 #   bash bench/setup/modelopt.sh [VENV]        # default VENV: .engines/modelopt (ignored by git)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# NVIDIA NeMo Automodel 0.7.0 (its DFlash / DFlash 2 trainer) in its own venv, for bench/peers.py only: a bench
+# NVIDIA NeMo Automodel 0.7.0 (its DFlash / DFlash 2 trainer) in its own venv, for bench/peers/compare.py only: a bench
 # dependency, never a runtime one (nothing under trainer/, api/ or worker/ imports it; `make run` never needs it).
 #
 #   bash bench/setup/nemo_automodel.sh [VENV]        # default VENV: .engines/nemo_automodel (ignored by git)
 #
 # torch 2.13.0 (CPU) goes first: nemo-automodel's own requirements pull CUDA-era packages (megatron-fsdp,
 # quack-kernels, flashoptim, mistral-common, tiktoken, ninja) and pin transformers 5.18.0, so it is installed
-# --no-deps with only what its DFlash recipes import (the launcher bench/nemo_automodel_launch.py runs them):
+# --no-deps with only what its DFlash recipes import (the launcher bench/peers/nemo_automodel_launch.py runs them):
 # transformers, datasets (its chat dataset; with pyarrow, pandas, dill, multiprocess, xxhash), pillow (imported
 # by its dataset package), torchao and torchdata (imported by its model and recipe modules; --no-deps, both
 # pure-Python on this path). transformers 5.24.0, the version SpecForge's venv pins, runs its DFlash path.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SpecForge 0.2.0 (the open-source DFlash trainer) in its own venv, for bench/peers.py only: a bench
+# SpecForge 0.2.0 (the open-source DFlash trainer) in its own venv, for bench/peers/compare.py only: a bench
 # dependency, never a runtime one (nothing under trainer/, api/ or worker/ imports it; `make run` never needs it).
 #
 #   bash bench/setup/specforge.sh [VENV]        # default VENV: .engines/specforge (ignored by git)

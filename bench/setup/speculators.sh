@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vLLM speculators 0.9.0 (DFlash, DFlash 2, D-PACE) in its own venv, for bench/peers.py only: a bench dependency,
+# vLLM speculators 0.9.0 (DFlash, DFlash 2, D-PACE) in its own venv, for bench/peers/compare.py only: a bench dependency,
 # never a runtime one (nothing under trainer/, api/ or worker/ imports it; `make run` never needs it).
 #
 #   bash bench/setup/speculators.sh [VENV]      # default VENV: .engines/speculators (ignored by git)
@@ -7,7 +7,7 @@
 # torch 2.13.0 (CPU) goes first: speculators' own requirements name torchvision/torchaudio and CUDA-era extras, so
 # it is installed --no-deps, with hs-connectors (its hidden-state file reader, also --no-deps) and only what its
 # offline trainer imports, at versions that work. Its metadata caps transformers at 5.19.0; 5.24.0 (the project's
-# and SpecForge's) trains and exports here. The run is bench/speculators_launch.py (CPU overrides).
+# and SpecForge's) trains and exports here. The run is bench/peers/speculators_launch.py (CPU overrides).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source bench/setup/peer_venv.sh

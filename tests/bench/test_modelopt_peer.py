@@ -1,4 +1,4 @@
-"""bench/modelopt_peer.py's pure parts, without ModelOpt installed: our data in ModelOpt's offline format (taps as
+"""bench/peers/modelopt_peer.py's pure parts, without ModelOpt installed: our data in ModelOpt's offline format (taps as
 `aux_hidden_states`, the target's final hidden state at the position that predicts each response token), the
 recipe settings of a row (aligned keys, each schedule, refusals) as the launcher passes them, and the exported
 config's correction."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 import yaml
 
-from bench import modelopt_peer
-from bench.peer_run import OUR_SCHEDULE, PeerFailed, PeerRow
+from bench.peers import modelopt_peer
+from bench.peers.peer_run import OUR_SCHEDULE, PeerFailed, PeerRow
 from trainer.data.store import Example, TeacherSignal
 
 H, TAPS = 4, [1, 3]
@@ -163,7 +163,7 @@ def test_without_its_venv_the_row_says_how_to_install_it(tmp_path):
 
 
 def test_a_float32_row_turns_its_bfloat16_autocast_off(tmp_path):
-    """On a CPU without bfloat16 units the bench trains peers in float32 (bench/peer_run.py PEER_DTYPES)."""
+    """On a CPU without bfloat16 units the bench trains peers in float32 (bench/peers/peer_run.py PEER_DTYPES)."""
     settings = modelopt_peer.settings_for(row(tmp_path, dtype="float32"), shape=SHAPE, data_dir=tmp_path,
                                           max_length=64, final_hidden=True)
     assert settings["training.bf16"] is False
@@ -174,8 +174,8 @@ def test_a_float32_row_turns_its_bfloat16_autocast_off(tmp_path):
 
 def test_a_float32_conversion_is_its_own(tmp_path):
     """Its lm_head and fc take the stored states as they are: a float32 row reads float32 samples, converted apart
-    from (never reusing) the bfloat16 ones (bench/peer_run.py conversion_dir)."""
-    from bench.peer_run import conversion_dir, conversion_dtype
+    from (never reusing) the bfloat16 ones (bench/peers/peer_run.py conversion_dir)."""
+    from bench.peers.peer_run import conversion_dir, conversion_dtype
 
     store = FakeStore(tmp_path / "data", [example(0, 3, 4)])
     assert conversion_dir(tmp_path, "modelopt", "float32") != conversion_dir(tmp_path, "modelopt", "authors")

@@ -1,4 +1,4 @@
-"""bench/nemo_automodel_peer.py's pure parts, without NeMo Automodel installed: our regenerated data as NeMo chat
+"""bench/peers/nemo_automodel_peer.py's pure parts, without NeMo Automodel installed: our regenerated data as NeMo chat
 rows, kept only where NeMo's tokenization equals ours (a stand-in plays NeMo's tokenizer here: the chat template
 rendering, the generation prompt unsupervised), the config a row turns into (aligned settings, both schedules),
 the log parser and the export's config.json fix."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_data import write_prompts
 
-from bench import nemo_automodel_peer as peer
-from bench.peer_run import OUR_SCHEDULE, PeerFailed, PeerRow
+from bench.peers import nemo_automodel_peer as peer
+from bench.peers.peer_run import OUR_SCHEDULE, PeerFailed, PeerRow
 from trainer.data.prompts import load_prompts
 
 

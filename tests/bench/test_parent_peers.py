@@ -1,6 +1,6 @@
-"""trainer/drafter/formats.py against the field's own writers, each in its bench venv: bench/speculators_parent.py
+"""trainer/drafter/formats.py against the field's own writers, each in its bench venv: bench/peers/speculators_parent.py
 (vLLM speculators 0.9.0: DFlash, DFlash 2, DSpark, saved by its `save_pretrained`, loaded back by its
-`from_pretrained`) and bench/specforge_parent.py (SpecForge 0.2.0: DFlash, DSpark, written by its HF exporter,
+`from_pretrained`) and bench/peers/specforge_parent.py (SpecForge 0.2.0: DFlash, DSpark, written by its HF exporter,
 loaded back by its `AutoDraftModel`) build tiny random drafters for a tiny target and run their own forward on
 fixed target taps. Here each folder is imported by content, and our drafter, run on the same blocks as our decoder
 drafts them, must give the same final hidden states, logits and greedy drafts. Every tensor a tool wrote is read
@@ -36,7 +36,7 @@ needs_specforge = pytest.mark.skipif(
 
 
 def peer_run(python: Path, script: str, out: Path) -> Path:
-    subprocess.run([str(python), str(ROOT / "bench" / script), str(out)], check=True, capture_output=True,
+    subprocess.run([str(python), str(ROOT / "bench" / "peers" / script), str(out)], check=True, capture_output=True,
                    text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
     return out
 

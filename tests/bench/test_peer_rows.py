@@ -1,4 +1,4 @@
-"""bench/peers.py's rows of today's peers: each is judged against our row of the same variant and depth, a peer
+"""bench/peers/compare.py's rows of today's peers: each is judged against our row of the same variant and depth, a peer
 that cannot run stays in the table as a row saying why, and the reference `dflash` decoder's judgement of a drafter
 agrees with our replay (the same acceptance per prompt, and the target's own tokens)."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from drafters import random_drafter
 
-from bench import peers
-from bench.peer_run import PeerFailed
-from bench.reference_decode import reference_score
+from bench.peers import compare
+from bench.peers.peer_run import PeerFailed
+from bench.peers.reference_decode import reference_score
 from schemas import recipe
 from schemas.sampling import SamplingParams
 from trainer.data.prompts import Prompt
@@ -27,22 +27,22 @@ ARGS = argparse.Namespace(layers=2, steps=60, size_from="", tag="", seed=None, t
 
 
 def test_a_peer_row_is_judged_against_ours_of_the_same_variant_and_depth():
-    assert peers.base_row("speculators-dflash2-dpace-authors", ARGS) == "dflash2-steps"
-    assert peers.base_row("nemo-dflash-ours", ARGS) == "dflash-steps"
-    assert peers.base_row("modelopt-dflash-dpace-authors", ARGS) == "dflash-3l-steps"  # one tap per layer: 3
-    assert peers.base_row("specforge-steps", ARGS) == "dflash-steps"
-    assert peers.base_row("dflash2-3l-steps", ARGS) is None and peers.base_row("specforge-cpu", ARGS) is None
-    assert all(peers.base_row(name, ARGS) in peers.ROWS for name, row in peers.ROWS.items()
+    assert compare.base_row("speculators-dflash2-dpace-authors", ARGS) == "dflash2-steps"
+    assert compare.base_row("nemo-dflash-ours", ARGS) == "dflash-steps"
+    assert compare.base_row("modelopt-dflash-dpace-authors", ARGS) == "dflash-3l-steps"  # one tap per layer: 3
+    assert compare.base_row("specforge-steps", ARGS) == "dflash-steps"
+    assert compare.base_row("dflash2-3l-steps", ARGS) is None and compare.base_row("specforge-cpu", ARGS) is None
+    assert all(compare.base_row(name, ARGS) in compare.ROWS for name, row in compare.ROWS.items()
                if row.trainer != "ours" and row.budget == "steps")
 
 
 def test_a_peer_trained_with_dpace_is_also_judged_against_ours_with_dpace():
-    assert peers.base_row("speculators-dflash2-dpace-ours", ARGS, dpace=True) == "dflash2-dpace-steps"
-    assert peers.base_row("modelopt-dflash-dpace-authors", ARGS, dpace=True) == "dflash-3l-dpace-steps"
-    assert peers.base_row("speculators-dflash-authors", ARGS, dpace=True) is None  # D-PACE off: no such pair
-    assert peers.base_row("nemo-dflash2-authors", ARGS, dpace=True) is None  # the trainer's default, which has none
-    assert peers.base_row("dflash2-dpace-steps", ARGS, dpace=True) is None  # ours are the bases, never paired
-    assert all(peers.base_row(name, ARGS, dpace=True) in peers.ROWS for name, row in peers.ROWS.items()
+    assert compare.base_row("speculators-dflash2-dpace-ours", ARGS, dpace=True) == "dflash2-dpace-steps"
+    assert compare.base_row("modelopt-dflash-dpace-authors", ARGS, dpace=True) == "dflash-3l-dpace-steps"
+    assert compare.base_row("speculators-dflash-authors", ARGS, dpace=True) is None  # D-PACE off: no such pair
+    assert compare.base_row("nemo-dflash2-authors", ARGS, dpace=True) is None  # the trainer's default, which has none
+    assert compare.base_row("dflash2-dpace-steps", ARGS, dpace=True) is None  # ours are the bases, never paired
+    assert all(compare.base_row(name, ARGS, dpace=True) in compare.ROWS for name, row in compare.ROWS.items()
                if row.trainer != "ours" and row.dpace)
 
 
@@ -56,12 +56,12 @@ def test_a_peer_that_fails_is_a_row_that_says_why(tmp_path, monkeypatch):
 
     failing.train = train
     monkeypatch.setitem(sys.modules, "failing_peer", failing)
-    monkeypatch.setitem(peers.PEER_MODULES, "speculators", "failing_peer")
+    monkeypatch.setitem(compare.PEER_MODULES, "speculators", "failing_peer")
     args = argparse.Namespace(**vars(ARGS), work=tmp_path)
-    row = peers.run_row("speculators-dflash2-dpace-authors", args, None, None, lambda: pytest.fail("not scored"))
+    row = compare.run_row("speculators-dflash2-dpace-authors", args, None, None, lambda: pytest.fail("not scored"))
     assert row["failed"] == "PeerFailed: trainer exited 1: no CUDA"
     assert (row["trainer"], row["variant"], row["dpace"], row["steps"]) == ("speculators", "dflash2", True, 60)
-    table = "\n".join(peers.steps_table({row["row"]: row}, args))
+    table = "\n".join(compare.steps_table({row["row"]: row}, args))
     assert "| speculators-dflash2-dpace-authors | vLLM speculators 0.9.0 | dflash2 |" in table
     assert "did not run: PeerFailed: trainer exited 1: no CUDA" in table
 
@@ -76,9 +76,9 @@ def test_the_table_gives_ours_over_each_peer_with_the_paired_interval():
 
     ours = row("dflash2-steps", "ours", "dflash2", [(30, 20), (30, 24), (30, 15)])
     theirs = row("nemo-dflash2-authors", "nemo_automodel", "dflash2", [(30, 25), (30, 25), (30, 25)])
-    table = peers.steps_table({"dflash2-steps": ours, "nemo-dflash2-authors": theirs}, ARGS)
+    table = compare.steps_table({"dflash2-steps": ours, "nemo-dflash2-authors": theirs}, ARGS)
     nemo = next(line for line in table if line.startswith("| nemo-dflash2-authors"))
-    ratio = peers.paired_ratio(ours, theirs)
+    ratio = compare.paired_ratio(ours, theirs)
     assert ratio[0] == pytest.approx((90 / 59) / (90 / 75))
     assert f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]" in nemo
     assert nemo.split(" | ")[9] == ""  # NeMo's row has no D-PACE, so no D-PACE pair
@@ -86,9 +86,9 @@ def test_the_table_gives_ours_over_each_peer_with_the_paired_interval():
     ours_dpace = row("dflash2-dpace-steps", "ours", "dflash2", [(30, 20), (30, 20), (30, 20)])
     theirs_dpace = row("speculators-dflash2-dpace-authors", "speculators", "dflash2", [(30, 25), (30, 25), (30, 24)])
     theirs_dpace["dpace"] = True
-    table = peers.steps_table({r["row"]: r for r in (ours, ours_dpace, theirs_dpace)}, ARGS)
+    table = compare.steps_table({r["row"]: r for r in (ours, ours_dpace, theirs_dpace)}, ARGS)
     line = next(line for line in table if line.startswith("| speculators-dflash2-dpace-authors")).split(" | ")
-    by_objective = peers.paired_ratio(ours_dpace, theirs_dpace)
+    by_objective = compare.paired_ratio(ours_dpace, theirs_dpace)
     assert line[9] == f"{by_objective[0]:.3f} [{by_objective[1]:.3f}, {by_objective[2]:.3f}]"
     assert by_objective[0] == pytest.approx((90 / 60) / (90 / 74))
 
@@ -108,7 +108,7 @@ def test_the_reference_decoder_agrees_with_our_replay(tiny_qwen3, variant, tmp_p
 
 
 def test_peer_precision_follows_the_cpu_and_a_float32_row_says_so(tmp_path, monkeypatch):
-    from bench import peer_run
+    from bench.peers import peer_run
     from trainer.training import objective
 
     monkeypatch.setattr(objective, "bf16_matmuls_pay_off", lambda device: False)
@@ -123,11 +123,11 @@ def test_peer_precision_follows_the_cpu_and_a_float32_row_says_so(tmp_path, monk
     failing = types.ModuleType("failing_peer")
     failing.train = lambda row, venv: (seen.setdefault("dtype", row.dtype), (_ for _ in ()).throw(PeerFailed("x")))
     monkeypatch.setitem(sys.modules, "failing_peer", failing)
-    monkeypatch.setitem(peers.PEER_MODULES, "nemo_automodel", "failing_peer")
+    monkeypatch.setitem(compare.PEER_MODULES, "nemo_automodel", "failing_peer")
     args = argparse.Namespace(**(vars(ARGS) | {"peer_dtype": "float32"}), work=tmp_path)
-    row = peers.run_row("nemo-dflash-authors", args, None, None, lambda: pytest.fail("not scored"))
+    row = compare.run_row("nemo-dflash-authors", args, None, None, lambda: pytest.fail("not scored"))
     assert seen["dtype"] == "float32" and row["peer_dtype"] == "float32"
-    assert "| nemo-dflash-authors | NeMo Automodel 0.7.0 (float32) | dflash |" in "\n".join(peers.steps_table(
+    assert "| nemo-dflash-authors | NeMo Automodel 0.7.0 (float32) | dflash |" in "\n".join(compare.steps_table(
         {row["row"]: row}, args))
 
 
@@ -140,9 +140,9 @@ def test_our_full_vocabulary_row_trains_with_the_peers_loss(tmp_path, monkeypatc
         seen["command"] = command
         return 1, 0.0, 0.0  # exits 1: the row records why, nothing trains
 
-    monkeypatch.setattr(peers, "run_measured", run_measured)
+    monkeypatch.setattr(compare, "run_measured", run_measured)
     args = argparse.Namespace(**(vars(ARGS) | {"seed": 3}), work=tmp_path)
-    row = peers.run_row("dflash2-dpace-fullvocab-steps", args, None, None, lambda: pytest.fail("not scored"))
+    row = compare.run_row("dflash2-dpace-fullvocab-steps", args, None, None, lambda: pytest.fail("not scored"))
     assert row["full_vocab_loss"] is True and row["failed"].startswith("PeerFailed: draftsmith train exited 1")
     command = seen["command"]
     params = train.make_context("train", command[command.index("train") + 1:]).params

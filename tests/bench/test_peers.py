@@ -1,4 +1,4 @@
-"""bench/peers.py's SpecForge side: our regenerated data in SpecForge's offline format, row for row, and a draft
+"""bench/peers/compare.py's SpecForge side: our regenerated data in SpecForge's offline format, row for row, and a draft
 config that keeps our taps and mask (SpecForge re-derives taps when only a layer count is given). With SpecForge
 installed (`bash bench/setup/specforge.sh`), its own loader reads the files and its own model class builds the
 drafter from the config; CI does not install it, so those checks are skipped there."""
@@ -15,7 +15,7 @@ import torch
 from test_data import write_prompts
 from tiny_targets import make_tiny_target
 
-from bench import specforge_peer
+from bench.peers import specforge_peer
 from schemas.sampling import SamplingParams
 from trainer.data.prompts import load_prompts
 from trainer.data.regenerate import regenerate
@@ -56,7 +56,7 @@ def test_every_example_becomes_one_specforge_sample_with_our_taps(converted):
 
 
 def test_a_float32_run_gets_float32_taps_not_the_bfloat16_conversion(converted, tmp_path):
-    """SpecForge feeds stored taps to its `fc` as they are: a float32 draft (bench/peer_run.py PEER_DTYPES) needs
+    """SpecForge feeds stored taps to its `fc` as they are: a float32 draft (bench/peers/peer_run.py PEER_DTYPES) needs
     float32 samples, and a conversion in another dtype is never reused for it."""
     _, store, out, summary = converted
     copy = tmp_path / "specforge"
@@ -113,16 +113,16 @@ print(json.dumps({{"shapes": shapes, "taps": list(model.target_layer_ids), "mask
 def test_equal_cpu_rows_take_the_steps_their_sizing_row_says_fit_the_budget():
     import argparse
 
-    from bench import peers
+    from bench.peers import compare
 
     results = {"dflash2-steps": {"steps": 120, "train_cpu_s": 278.0},
                "specforge-steps": {"steps": 120, "train_cpu_s": 427.0},  # measured beside other work
                "specforge-cpu": {"steps": 78, "train_cpu_s": 230.0}}  # measured alone: 2.95 s a step
     args = argparse.Namespace(steps=120, size_from="", work=Path("/nowhere"))
-    assert peers.steps_for("dflash2-steps", args, results) == 120
-    assert peers.steps_for("specforge-cpu", args, results) == 78  # 120 * 278 / 427
+    assert compare.steps_for("dflash2-steps", args, results) == 120
+    assert compare.steps_for("specforge-cpu", args, results) == 78  # 120 * 278 / 427
     args.size_from = "specforge-cpu"
-    assert peers.sizing_row("specforge-cpu", args) == "specforge-cpu"
-    assert peers.steps_for("specforge-cpu", args, results) == 94  # 78 * 278 / 230
+    assert compare.sizing_row("specforge-cpu", args) == "specforge-cpu"
+    assert compare.steps_for("specforge-cpu", args, results) == 94  # 78 * 278 / 230
     with pytest.raises(SystemExit, match="dflash-steps"):
-        peers.steps_for("dflash-cpu", argparse.Namespace(steps=120, size_from="", work=Path("/w")), results)
+        compare.steps_for("dflash-cpu", argparse.Namespace(steps=120, size_from="", work=Path("/w")), results)

@@ -1,4 +1,4 @@
-"""bench/speculators_peer.py's pure parts, without speculators installed: our regenerated data in its offline
+"""bench/peers/speculators_peer.py's pure parts, without speculators installed: our regenerated data in its offline
 format (stored taps + the target's re-run final pre-norm state, one file per sample, a `datasets` folder), the
 flags a row turns into (aligned settings, schedule, D-PACE), and the checks around its export's config.json."""
 
@@ -13,8 +13,8 @@ import torch
 from test_data import write_prompts
 from tiny_targets import make_tiny_target
 
-from bench import speculators_peer
-from bench.peer_run import OUR_SCHEDULE, PeerFailed, PeerRow
+from bench.peers import speculators_peer
+from bench.peers.peer_run import OUR_SCHEDULE, PeerFailed, PeerRow
 from schemas.sampling import SamplingParams
 from trainer.data.prompts import load_prompts
 from trainer.data.regenerate import regenerate
@@ -196,7 +196,7 @@ def test_launcher_is_plain_python_for_the_peer_venv():
 
 def test_a_float32_row_trains_its_draft_in_float32(tmp_path):
     """Its draft weights and autocast take --hidden-states-dtype: bfloat16 as published, float32 on a CPU without
-    bfloat16 units (bench/peer_run.py PEER_DTYPES)."""
+    bfloat16 units (bench/peers/peer_run.py PEER_DTYPES)."""
     assert _flags(_arguments(tmp_path)[0])["hidden-states-dtype"] == "bfloat16"
     argv, settings, env = _arguments(tmp_path, dtype="float32")
     assert _flags(argv)["hidden-states-dtype"] == "float32"

@@ -1,10 +1,10 @@
 """Runs NeMo Automodel 0.7.0's DFlash / DFlash 2 recipe on a CPU, in-process, with the few run-time overrides it
-needs there. Executed with the peer venv's python (bench/nemo_automodel_peer.py builds the command); never
+needs there. Executed with the peer venv's python (bench/peers/nemo_automodel_peer.py builds the command); never
 imported by the project. NeMo's installed sources are not changed: every override below replaces a function or
 a table entry in memory before NeMo's own entry point runs.
 
-    python bench/nemo_automodel_launch.py train RUN.yaml --variant dflash|dflash2 --max-steps N [--warmup-steps W]
-    python bench/nemo_automodel_launch.py tokenize TARGET_DIR ROWS.jsonl OUT.json
+    python bench/peers/nemo_automodel_launch.py train RUN.yaml --variant dflash|dflash2 --max-steps N [--warmup-steps W]
+    python bench/peers/nemo_automodel_launch.py tokenize TARGET_DIR ROWS.jsonl OUT.json
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-# This file's folder (bench/) is sys.path[0]; drop it so none of the bench's own modules can shadow a package
+# This file's folder (bench/peers/) is sys.path[0]; drop it so none of the bench's own modules can shadow a package
 # NeMo imports.
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)

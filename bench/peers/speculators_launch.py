@@ -1,8 +1,8 @@
 """Run vLLM `speculators` 0.9.0's trainer on a CPU, in-process, with the few run-time overrides it needs there.
 
-Executed with the speculators venv's python by bench/speculators_peer.py (never imported by the project):
+Executed with the speculators venv's python by bench/peers/speculators_peer.py (never imported by the project):
 
-    .engines/speculators/bin/python bench/speculators_launch.py --speculator-type dflash ... (speculators' flags)
+    .engines/speculators/bin/python bench/peers/speculators_launch.py --speculator-type dflash ... (speculators' flags)
 
 Its installed sources are not edited; each override below replaces one attribute before the peer's own entry point
 (`speculators.train.cli.main(TrainConfig.resolve(argv))`, what `speculators train` runs) is called.
@@ -54,7 +54,7 @@ def _guarded_train_epoch(self, epoch, **kwargs):
 trainer_module.Trainer.__init__ = _trainer_init
 trainer_module.Trainer.train_epoch = _guarded_train_epoch
 
-# 5. Alignment, only for bench rows that run our schedule (bench.peer_run.OUR_SCHEDULE); its CLI has no flag for
+# 5. Alignment, only for bench rows that run our schedule (bench.peers.peer_run.OUR_SCHEDULE); its CLI has no flag for
 #    either. AdamW betas (it always uses torch's default 0.9/0.999) and a cosine that ends at a floor (its cosine
 #    ends at 0).
 if os.environ.get("SPECULATORS_ADAMW_BETAS"):
@@ -79,7 +79,7 @@ if os.environ.get("SPECULATORS_COSINE_MIN_LR_RATIO"):
 
     trainer_module.get_cosine_schedule_with_warmup = _cosine
 
-# 6. Precision of Muon's orthogonalisation, only for float32 rows (bench.peer_run.PEER_DTYPES): torch.optim.Muon
+# 6. Precision of Muon's orthogonalisation, only for float32 rows (bench.peers.peer_run.PEER_DTYPES): torch.optim.Muon
 #    runs its Newton-Schulz iteration in bfloat16, which a CPU without bfloat16 units emulates (185 s of a
 #    232 s step on an AVX2 EPYC). The same quintic iteration, in float32.
 def _newton_schulz_float32(grad, ns_coefficients, ns_steps, eps):

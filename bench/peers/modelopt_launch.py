@@ -1,9 +1,9 @@
 """Run NVIDIA ModelOpt's DFlash training as its `examples/speculative_decoding/main.py` does (that script is not in
-the wheel), offline, on a CPU. Executed by bench/modelopt_peer.py with the ModelOpt venv's python:
+the wheel), offline, on a CPU. Executed by bench/peers/modelopt_peer.py with the ModelOpt venv's python:
 
-    .engines/modelopt/bin/python bench/modelopt_launch.py ROW_DIR/modelopt_run.json
+    .engines/modelopt/bin/python bench/peers/modelopt_launch.py ROW_DIR/modelopt_run.json
 
-The JSON names the packaged recipe and the row's dotlist overrides (bench/modelopt_peer.py `settings_for`), the
+The JSON names the packaged recipe and the row's dotlist overrides (bench/peers/modelopt_peer.py `settings_for`), the
 export folder and a metrics file. Everything here is ModelOpt's or transformers' own code path; what this CPU
 needs is set through the recipe (use_cpu, tf32 false, report_to none), and the one failure tolerated is the
 pickling error of the final `save_model`, after checking that its weights were written.

@@ -1,4 +1,4 @@
-"""SpecForge 0.2.0 (PyPI `specforge`) as a peer trainer for bench/peers.py: our regenerated data in its offline
+"""SpecForge 0.2.0 (PyPI `specforge`) as a peer trainer for bench/peers/compare.py: our regenerated data in its offline
 format, its DFlash run config, `specforge train` and `specforge export --to hf`.
 
 SpecForge lives in its own venv (`bash bench/setup/specforge.sh`, default `.engines/specforge`): a bench
@@ -22,15 +22,15 @@ import math
 import os
 from pathlib import Path
 
-from bench.peer_run import finished_conversion, tap_conversion_identity
+from bench.peers.peer_run import finished_conversion, tap_conversion_identity
 
-DEFAULT_VENV = Path(__file__).resolve().parent.parent / ".engines" / "specforge"
+DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".engines" / "specforge"
 INSTALL = "bash bench/setup/specforge.sh"
 
 # SpecForge's published DFlash recipe (its repository's examples/configs, e.g. qwen3-8b-dflash-perfectblend and
 # qwen3.5-4b-dflash-offline: lr 6e-4, warm-up ratio 0.04, grad-norm clip 1.0, decay gamma 7, bfloat16 weights
 # with float32 Adam masters) and the defaults it leaves in place (AdamW betas 0.9/0.999, weight decay 0,
-# cosine to 0, seed 42). Used wherever it differs from ours; what is aligned is set by bench/peers.py.
+# cosine to 0, seed 42). Used wherever it differs from ours; what is aligned is set by bench/peers/compare.py.
 PUBLISHED_RECIPE = {
     "learning_rate": 6.0e-4,
     "warmup_ratio": 0.04,
@@ -97,7 +97,7 @@ def draft_config(drafter_config, dtype: str = PUBLISHED_DTYPE) -> dict:
 def run_config(*, target_dir: Path, draft_config_path: Path, data_dir: Path, out_dir: Path, samples: int,
                steps: int, batch_size: int, anchors: int, mask_token_id: int, max_length: int,
                dtype: str = PUBLISHED_DTYPE) -> dict:
-    """One offline, single-process CPU run: SpecForge's published DFlash recipe, with what bench/peers.py
+    """One offline, single-process CPU run: SpecForge's published DFlash recipe, with what bench/peers/compare.py
     aligns (steps, batch, anchors, mask; block size, layers and taps through the draft config)."""
     epochs = math.ceil(steps * batch_size / samples) + 1  # max_steps ends the run, not the epochs
     return {

@@ -1,4 +1,4 @@
-"""NVIDIA ModelOpt 0.47.0 (PyPI `nvidia-modelopt`) as a peer trainer for bench/peers.py: DFlash with D-PACE
+"""NVIDIA ModelOpt 0.47.0 (PyPI `nvidia-modelopt`) as a peer trainer for bench/peers/compare.py: DFlash with D-PACE
 (its default `dflash_loss_objective: dpace`) and self-logit distillation, no DFlash 2.
 
 Install: `bash bench/setup/modelopt.sh` (its own venv, default `.engines/modelopt`; torch 2.13.0 CPU first, then
@@ -6,7 +6,7 @@ Install: `bash bench/setup/modelopt.sh` (its own venv, default `.engines/modelop
 runtime one.
 
 Run: ModelOpt's training script (`examples/speculative_decoding/main.py`) is not in the wheel, so
-bench/modelopt_launch.py, executed with the venv's python, does what that script does with the library's own
+bench/peers/modelopt_launch.py, executed with the venv's python, does what that script does with the library's own
 parts: `load_recipe` of the packaged DFlash recipe (`general/speculative_decoding/dflash`, the authors' recipe)
 with this row's dotlist overrides, `load_vlm_or_llm(..., use_offline_training=True)`, `mtsp.convert(model,
 [("dflash", ...)])`, the wheel's `OfflineSupervisedDataset` + `EagleOfflineDataCollator`, a
@@ -43,7 +43,7 @@ import math
 import time
 from pathlib import Path
 
-from bench.peer_run import (
+from bench.peers.peer_run import (
     ENGINES,
     OUR_SCHEDULE,
     PeerFailed,
@@ -170,7 +170,7 @@ def settings_for(row: PeerRow, *, shape: dict, data_dir: Path, max_length: int, 
         **{f"dflash.dflash_architecture_config.{k}": v for k, v in arch.items()},
         "dflash.dflash_loss_objective": "dpace" if row.options.get("dpace", True) else "decay",
     }
-    if row.dtype == "float32":  # no bfloat16 units on this CPU: its autocast off (bench/peer_run.py PEER_DTYPES)
+    if row.dtype == "float32":  # no bfloat16 units on this CPU: its autocast off (bench/peers/peer_run.py PEER_DTYPES)
         settings["training.bf16"] = False
     if not final_hidden:  # no teacher signal in the data: distillation has no target, train on the tokens
         settings["dflash.dflash_self_logit_distillation"] = False

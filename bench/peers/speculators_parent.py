@@ -3,7 +3,7 @@ check that trainer/drafter/formats.py reads what speculators writes (tests/bench
 
 Executed with the speculators venv's python (`bash bench/setup/speculators.sh`), never imported by the project:
 
-    .engines/speculators/bin/python bench/speculators_parent.py OUT [--variants dflash,dflash2,dspark,dflash-sliding,dflash-gelu]
+    .engines/speculators/bin/python bench/peers/speculators_parent.py OUT [--variants dflash,dflash2,dspark,dflash-sliding,dflash-gelu]
 
 OUT/target: a tiny random Qwen3 target (transformers' own save; speculators reads its verifier's embedding, LM head
 and final norm from it). For each variant, OUT/<variant>: the drafter as speculators' CLI builds one

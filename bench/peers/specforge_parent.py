@@ -3,7 +3,7 @@ trainer/drafter/formats.py reads what SpecForge writes (tests/bench/test_specfor
 
 Executed with the SpecForge venv's python (`bash bench/setup/specforge.sh`), never imported by the project:
 
-    .engines/specforge/bin/python bench/specforge_parent.py OUT [--variants dflash,dspark]
+    .engines/specforge/bin/python bench/peers/specforge_parent.py OUT [--variants dflash,dspark]
 
 OUT/target: a tiny random Qwen3 target (transformers' own save). For each variant, OUT/<variant>: the drafter from
 a draft config as SpecForge's trainer reads one (`AutoDraftModelConfig.from_file`, `AutoDraftModel.from_config`),

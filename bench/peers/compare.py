@@ -5,8 +5,8 @@ Automodel 0.7.0 (DFlash and DFlash 2) and NVIDIA ModelOpt 0.47.0 (DFlash with D-
 layer, so 3 layers against our 3-layer rows). Every trainer trains on one regenerated data set with the same
 taps, mask token, block size, drafter layers, batch (sequences per step), anchors per sequence and optimizer
 steps; a peer row runs either its authors' schedule (learning rate, warm-up, decay, optimizer, loss decay) or
-ours (`bench.peer_run.OUR_SCHEDULE`). Each peer lives in its own venv (`bash bench/setup/<peer>.sh`) and is driven
-by bench/<peer>_peer.py (SpecForge: bench/specforge_peer.py), the CUDA-only calls of some overridden at run time by
+ours (`bench.peers.peer_run.OUR_SCHEDULE`). Each peer lives in its own venv (`bash bench/setup/<peer>.sh`) and is driven
+by bench/peers/<peer>_peer.py (SpecForge: bench/peers/specforge_peer.py), the CUDA-only calls of some overridden at run time by
 a launcher of ours (never an edit to their sources). Each trainer runs as its own process under `nice` at
 `--threads` threads; a row records that process's CPU seconds (its children included) and the load average
 before and after, so rows stay comparable when other work shares the machine (wall time does not).
@@ -17,7 +17,7 @@ count their own equal-steps row says fits them, so each schedule still ends).
 
 Every drafter, a peer's as its export wrote it, is judged twice on the built-in set's held-out prompts (66 at the
 recipe's hold-out share; bench/heldout.py): by our replay, and by the reference `dflash` package's decoder
-(bench/reference_decode.py: its own `dflash_generate` against the target, which also checks the output against
+(bench/peers/reference_decode.py: its own `dflash_generate` against the target, which also checks the output against
 the target's greedy continuation), each with a 95 % bootstrap interval and, against our row of the same variant
 and depth, the paired interval of the tau ratio. A peer that fails to install, train or export is a row that says
 why.
@@ -45,7 +45,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import specforge_peer
 from bench.heldout import (
     append_result,
     git_revision,
@@ -58,7 +57,8 @@ from bench.heldout import (
     uncommitted,
     uptime_load,
 )
-from bench.peer_run import (
+from bench.peers import specforge_peer
+from bench.peers.peer_run import (
     ENGINES,
     PEER_DTYPES,
     ROOT,
@@ -90,8 +90,8 @@ class Row:
     """Ours only: cross-entropy over the whole vocabulary, as the peers train, not over our draft vocabulary."""
 
 
-PEER_MODULES = {"speculators": "bench.speculators_peer", "nemo_automodel": "bench.nemo_automodel_peer",
-                "modelopt": "bench.modelopt_peer"}
+PEER_MODULES = {"speculators": "bench.peers.speculators_peer", "nemo_automodel": "bench.peers.nemo_automodel_peer",
+                "modelopt": "bench.peers.modelopt_peer"}
 TRAINER_NAMES = {"ours": "Draftsmith", "specforge": "SpecForge 0.2.0", "speculators": "vLLM speculators 0.9.0",
                  "nemo_automodel": "NeMo Automodel 0.7.0", "modelopt": "NVIDIA ModelOpt 0.47.0"}
 ROWS = {
@@ -186,7 +186,7 @@ def train_ours(name: str, row: Row, steps: int, args, env: dict) -> tuple[Path, 
 
 
 def train_peer(name: str, row: Row, steps: int, args) -> tuple[Path, dict]:
-    """A peer of PEER_MODULES through its module's `train(PeerRow, venv)` (bench/peer_run.py)."""
+    """A peer of PEER_MODULES through its module's `train(PeerRow, venv)` (bench/peers/peer_run.py)."""
     module = importlib.import_module(PEER_MODULES[row.trainer])
     venv = getattr(module, "DEFAULT_VENV", ENGINES / row.trainer)
     peer_row = PeerRow(
@@ -272,7 +272,7 @@ def run_row(name: str, args, target, store, references) -> dict:
         drafter.draft_vocab = None
         record["tau_full_vocab"] = round(replay_acceptance(target, drafter, refs).tau, 4)
     if args.reference_prompts:
-        from bench.reference_decode import reference_score
+        from bench.peers.reference_decode import reference_score
 
         record["reference"] = reference_score(target, Path(drafter_dir), refs, args.reference_prompts,
                                               args.reference_tokens)
@@ -342,7 +342,7 @@ def steps_table(rows: dict[str, dict], args) -> list[str]:
     for name, row in rows.items():
         if row["budget"] != "steps":
             continue
-        # A peer trained in float32 where its authors use bfloat16 says so (bench/peer_run.py PEER_DTYPES).
+        # A peer trained in float32 where its authors use bfloat16 says so (bench/peers/peer_run.py PEER_DTYPES).
         precision = " (float32)" if row.get("peer_dtype") == "float32" else ""
         head = (f"| {name} | {TRAINER_NAMES.get(row['trainer'], row['trainer'])}{precision} | {row['variant']} | "
                 f"{row.get('schedule', 'authors')} | {'default' if row.get('dpace') is None else row['dpace']} | "
@@ -399,7 +399,8 @@ def print_table(work: Path, args) -> str:
 def main() -> None:
     from schemas import recipe
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto",
                         help="Where the target runs: auto (a GPU if any, else the CPU), cpu, cuda or cuda:N.")
     parser.add_argument("--target", default="smollm2-135m", help="Bundled name or an HF directory.")
@@ -415,7 +416,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=2048, help="SpecForge's data.max_length.")
     parser.add_argument("--threads", type=int, default=1, help="Threads of each training process.")
     parser.add_argument("--peer-dtype", default="auto", choices=PEER_DTYPES,
-                        help="The peers' training precision (bench/peer_run.py PEER_DTYPES): auto is float32 on a CPU "
+                        help="The peers' training precision (bench/peers/peer_run.py PEER_DTYPES): auto is float32 on a CPU "
                              "without bfloat16 units, where our rows are float32 too.")
     parser.add_argument("--references", type=Path, default=None, help="Held-out references folder to reuse "
                                                                        "(default WORK/references).")

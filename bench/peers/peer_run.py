@@ -1,7 +1,7 @@
-"""What every peer trainer in bench/peers.py is given and must give back, and how its process is measured.
+"""What every peer trainer in bench/peers/compare.py is given and must give back, and how its process is measured.
 
 A peer (SpecForge, vLLM `speculators`, NeMo Automodel, NVIDIA ModelOpt) lives in its own venv
-(`bash bench/setup/<peer>.sh`) and is driven by a module `bench/<peer>_peer.py` that exposes
+(`bash bench/setup/<peer>.sh`) and is driven by a module `bench/peers/<peer>_peer.py` that exposes
 
     train(row: PeerRow, venv: Path) -> tuple[Path, dict]
 
@@ -10,7 +10,7 @@ aligned settings in `row` (taps, mask token, block size, layers, batch, anchors,
 `row.schedule` names, measures the training process with `run_measured`, and returns the folder of a drafter
 that our `load_drafter` reads (the peer's own export where it writes the reference `dflash` format) plus the
 row's training figures (`steps`, `final_loss`, `train_cpu_s`, `train_wall_s`, `settings`). A peer that cannot
-run raises `PeerFailed` with the reason: bench/peers.py records it as a row that says why.
+run raises `PeerFailed` with the reason: bench/peers/compare.py records it as a row that says why.
 
 `row.schedule` is `authors` (the peer's own published or default learning rate, warm-up, decay and optimizer)
 or `ours` (OUR_SCHEDULE: our recipe's, so the trainers differ only in their implementation).
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from schemas import recipe
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ROOT / ".engines"
 """Where the peers' venvs go (ignored by git)."""
 

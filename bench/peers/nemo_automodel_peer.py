@@ -1,11 +1,11 @@
-"""NVIDIA NeMo Automodel 0.7.0 (PyPI `nemo-automodel`) as a peer trainer for bench/peers.py: its DFlash and
+"""NVIDIA NeMo Automodel 0.7.0 (PyPI `nemo-automodel`) as a peer trainer for bench/peers/compare.py: its DFlash and
 DFlash 2 recipes (`nemo_automodel.recipes.llm.train_dflash` / `train_dflash2`) on our regenerated data.
 
 Install: `bash bench/setup/nemo_automodel.sh [VENV]` (default `.engines/nemo_automodel`, ignored by git):
 torch 2.13.0 (CPU) first, then `nemo-automodel==0.7.0 --no-deps` and only what its DFlash path imports. A bench
 dependency, never a runtime one.
 
-Run: `bench/nemo_automodel_launch.py train RUN.yaml` with the peer venv's python, as its own measured process
+Run: `bench/peers/nemo_automodel_launch.py train RUN.yaml` with the peer venv's python, as its own measured process
 (`run_measured`, one thread, under nice). The launcher runs NeMo's recipe in-process after five run-time
 overrides (its installed sources are never changed), each needed on this CPU or by the bench:
   1-2. `NeMoAutoModelForCausalLM.from_pretrained` calls `torch.cuda.current_device()` unconditionally, twice
@@ -47,7 +47,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from bench.peer_run import (
+from bench.peers.peer_run import (
     ENGINES,
     OUR_SCHEDULE,
     ROOT,
@@ -63,7 +63,7 @@ PEER = "nemo_automodel"
 VERSION = "0.7.0"
 DEFAULT_VENV = ENGINES / PEER
 SETUP = "bench/setup/nemo_automodel.sh"
-LAUNCHER = ROOT / "bench" / "nemo_automodel_launch.py"
+LAUNCHER = Path(__file__).resolve().with_name("nemo_automodel_launch.py")
 ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
 
 # NeMo's published recipes (its repository's examples/speculative/dflash/qwen3_dflash.yaml and

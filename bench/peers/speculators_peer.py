@@ -1,5 +1,5 @@
 """vLLM `speculators` 0.9.0 (PyPI `speculators`, the vLLM project's drafter trainer) as a peer trainer for
-bench/peers.py: DFlash and DFlash 2, with or without D-PACE, on our regenerated data, our drafter shape and steps.
+bench/peers/compare.py: DFlash and DFlash 2, with or without D-PACE, on our regenerated data, our drafter shape and steps.
 
 Install: `bash bench/setup/speculators.sh [VENV]` (default `.engines/speculators`, ignored by git): a python3.11 venv
 with torch 2.13.0 (CPU) first, then `speculators==0.9.0 --no-deps`, `hs-connectors==0.9.0 --no-deps` (its
@@ -16,7 +16,7 @@ fills the taps of each sequence's last token (our store keeps none for it) and r
 the stored ones and how often the target's argmax from it equals our next token. Its layer ids count from the
 embeddings (its id i reads HF `hidden_states[i]`), so our taps [1, 14, 27] are passed as [2, 15, 28].
 
-Run. `bench/speculators_launch.py` runs `speculators train`'s own entry point in-process with the venv's python,
+Run. `bench/peers/speculators_launch.py` runs `speculators train`'s own entry point in-process with the venv's python,
 after run-time overrides (said there): the model and batches on the CPU (its trainer uses the local rank as a
 CUDA device index), autocast on "cpu" (it falls back to "cuda", which switches bfloat16 autocast off on a CPU),
 accelerator synchronisation made a no-op without an accelerator, no epoch beyond the one that reaches
@@ -39,7 +39,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench.peer_run import (
+from bench.peers.peer_run import (
     OUR_SCHEDULE,
     PeerFailed,
     PeerRow,
@@ -49,7 +49,7 @@ from bench.peer_run import (
     thread_environment,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = ROOT / ".engines" / "speculators"
 INSTALL = "bash bench/setup/speculators.sh"
 SETUP = "bench/setup/speculators.sh"

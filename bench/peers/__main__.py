@@ -1,0 +1,7 @@
+"""`python -m bench.peers`: the peers' comparison (bench/peers/compare.py)."""
+
+import sys
+
+from bench.peers.compare import main
+
+sys.exit(main())
