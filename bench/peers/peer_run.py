@@ -31,19 +31,30 @@ ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ROOT / ".engines"
 """Where the peers' venvs go (ignored by git)."""
 
-OUR_SCHEDULE = {
-    # trainer/training/config.py's defaults, in words every peer's config can be given.
-    "learning_rate": recipe.LEARNING_RATE,
-    "warmup_steps": 30,
-    "lr_scheduler": "cosine",
-    "min_lr_ratio": 0.1,
-    "adam_betas": (0.9, 0.95),
-    "weight_decay": 0.01,
-    "max_grad_norm": 1.0,
-    "loss_decay_gamma": 4.0,
-}
-"""Our recipe's optimizer and schedule (the `ours` rows): peak lr, a fixed 30-step linear warm-up, cosine to
-0.1 x peak, AdamW betas 0.9 / 0.95 with weight decay 0.01, clip 1.0, position decay exp(-(k-1)/4) at block 8."""
+def our_schedule() -> dict:
+    """Our recipe's optimizer and schedule (the `ours` rows), read from the product's own defaults (TrainConfig's,
+    which take the recipe's, schemas/recipe.py), in words every peer's config can be given: peak lr, a fixed
+    linear warm-up, cosine to min_lr_ratio x peak (trainer/training/schedule.py), AdamW betas and weight decay,
+    gradient clip, position decay exp(-(k-1)/gamma) at the recipe's block size."""
+    from trainer.training.blocks import default_decay_gamma
+    from trainer.training.config import TrainConfig
+
+    defaults = TrainConfig()
+    return {
+        "learning_rate": defaults.lr,
+        "warmup_steps": defaults.warmup_steps,
+        "lr_scheduler": "cosine",  # the shape trainer/training/schedule.py draws; no setting names it
+        "min_lr_ratio": defaults.min_lr_ratio,
+        "adam_betas": tuple(recipe.ADAM_BETAS),
+        "weight_decay": defaults.weight_decay,
+        "max_grad_norm": defaults.grad_clip,
+        "loss_decay_gamma": defaults.loss_decay_gamma or default_decay_gamma(recipe.BLOCK_SIZE),
+    }
+
+
+OUR_SCHEDULE = our_schedule()
+"""`our_schedule()` at import: a change to the recipe or to TrainConfig's defaults changes the `ours` rows too
+(tests/bench/test_peer_schedule.py)."""
 
 
 class PeerFailed(RuntimeError):

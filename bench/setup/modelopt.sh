@@ -15,9 +15,13 @@ cd "$(dirname "$0")/../.."
 source bench/setup/peer_venv.sh
 peer_venv "ModelOpt" .engines/modelopt "${1:-}"
 "$VENV/bin/pip" install -q --no-deps nvidia-modelopt==0.47.0
-"$VENV/bin/pip" install -q transformers==5.14.1 tokenizers==0.22.2 huggingface-hub==1.33.0 accelerate==1.15.0 \
-    safetensors==0.8.0 pydantic==2.14.4 pyyaml==6.0.4 numpy==2.4.6 tqdm==4.70.1 psutil==7.2.2 requests==2.34.2 \
-    omegaconf==2.4.0 pulp==3.3.2 scipy==1.17.1 rich==15.0.0 packaging==26.4 regex==2026.12.2
+# The project's pins where it shares a package (bench/pins.py); ModelOpt's own transformers, tokenizers and hub.
+shared=$(project_pins accelerate safetensors pydantic numpy tqdm scipy)
+# shellcheck disable=SC2086  # one word per pin
+"$VENV/bin/pip" install -q transformers==5.14.1 tokenizers==0.22.2 huggingface-hub==1.33.0 \
+    $shared \
+    pyyaml==6.0.4 psutil==7.2.2 requests==2.34.2 omegaconf==2.4.0 pulp==3.3.2 rich==15.0.0 packaging==26.4 \
+    regex==2026.12.2
 HF_HUB_OFFLINE=1 "$VENV/bin/python" -W ignore -c "
 import torch, transformers, modelopt
 import modelopt.torch.speculative, modelopt.recipe, modelopt.torch.export

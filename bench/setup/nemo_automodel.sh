@@ -15,9 +15,12 @@ cd "$(dirname "$0")/../.."
 source bench/setup/peer_venv.sh
 peer_venv "NeMo Automodel" .engines/nemo_automodel "${1:-}"
 "$VENV/bin/pip" install -q --no-deps nemo-automodel==0.7.0 torchao==0.18.0 torchdata==0.11.0
-"$VENV/bin/pip" install -q transformers==5.24.0 safetensors==0.8.0 pyyaml==6.0.4 numpy==2.4.6 tqdm==4.70.1 \
-    huggingface-hub==2.4.0 pydantic==2.14.4 datasets==5.2.0 pyarrow==26.0.1 pandas==3.1.1 dill==0.4.1 \
-    multiprocess==0.70.19 xxhash==4.1.0 pillow==13.0.0
+# The project's pins where it shares a package (bench/pins.py).
+shared=$(project_pins transformers safetensors numpy tqdm huggingface-hub pydantic datasets pyarrow)
+# shellcheck disable=SC2086  # one word per pin
+"$VENV/bin/pip" install -q \
+    $shared \
+    pyyaml==6.0.4 pandas==3.1.1 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0 pillow==13.0.0
 "$VENV/bin/python" -c "
 import torch
 from importlib.metadata import version

@@ -11,8 +11,11 @@ cd "$(dirname "$0")/../.."
 source bench/setup/peer_venv.sh
 peer_venv "SpecForge" .engines/specforge "${1:-}"
 "$VENV/bin/pip" install -q --no-deps specforge==0.2.0
-"$VENV/bin/pip" install -q transformers==5.24.0 accelerate==1.15.0 pydantic==2.14.4 pyyaml==6.0.4 \
-    safetensors==0.8.0 numpy==2.4.6 tqdm==4.70.1 psutil==7.2.2 huggingface-hub==2.4.0 requests==2.34.2 \
-    pyarrow==26.0.1
+# The project's pins where it shares a package (bench/pins.py).
+shared=$(project_pins transformers accelerate pydantic safetensors numpy tqdm huggingface-hub pyarrow)
+# shellcheck disable=SC2086  # one word per pin
+"$VENV/bin/pip" install -q \
+    $shared \
+    pyyaml==6.0.4 psutil==7.2.2 requests==2.34.2
 "$VENV/bin/python" -c "import specforge, torch; print('specforge', specforge.__version__ if hasattr(specforge, '__version__') else '0.2.0', 'torch', torch.__version__)"
 touch "$VENV/.installed"

