@@ -1,9 +1,12 @@
-"""Bench: every target family of trainer/targets/families.py through the whole pipeline, on this machine.
+"""Bench: every target family of trainer/targets/families.py, and the architectures tried beyond it
+(tests/tiny_targets.py UNLISTED_CONFIGS: `--families deepseek_v3 glm4_moe lfm2 nemotron_h`), through the whole
+pipeline, on this machine.
 
 For each family a random-weight target of that architecture is built from transformers' own config class (the
 tests' builder, tests/tiny_targets.py: SmolLM2's real BPE tokenizer, 6 layers, hidden 64; nothing downloaded),
 then prepare → generate → train → validate → export runs on it as `draftsmith run --target DIR` would, with a
-job small enough for seconds. Printed per family: wall time, held-out tau, greedy mismatches (must be 0), the
+job small enough for seconds. Printed per family: its layer kinds and their rollback (read from the model), the
+prepare self-test's result and time, wall time, held-out tau, greedy mismatches (must be 0), the
 speculative-sampling test, and whether a GGUF was written (and why not).
 
 Sampled at temperature 1 with top-k 4, 300 draws: a random target's full distribution over 49k tokens is nearly
@@ -42,7 +45,11 @@ def run_family(arch: str, root: Path) -> dict:
     report = json.loads((out / "report.json").read_text())
     manifest = json.loads((out / "manifest.json").read_text())
     sampling = report["lossless"]["sampling"]
-    return {"family": report["target"]["family"], "model_type": report["target"]["model_type"],
+    self_test = report["target"].get("self_test") or {}
+    kinds = ", ".join(f"{count} {kind} ({self_test.get('rollback_by_kind', {}).get(kind, '?')})"
+                      for kind, count in (report["target"].get("layer_kinds") or {}).items())
+    return {"family": report["target"]["family"], "model_type": report["target"]["model_type"], "kinds": kinds,
+            "self_test": f"{'passed' if self_test.get('passed') else 'FAILED'} in {self_test.get('seconds')} s",
             "seconds": round(seconds, 1), "tau": report["tau"],
             "greedy": f"{report['lossless']['greedy']['mismatches']} of {report['lossless']['greedy']['tokens']}",
             "sampling": f"{sampling['status']} (p = {sampling['p_value']:.3g})",
@@ -58,11 +65,13 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         root = args.out or Path(scratch)
-        print("| model_type | family | wall s | tau | greedy mismatches | sampling test | GGUF |")
-        print("|---|---|---|---|---|---|---|")
+        print("| model_type | family | layers (rollback) | self-test | wall s | tau | greedy mismatches | "
+              "sampling test | GGUF |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for arch in args.families:
             row = run_family(arch, root)
-            print(f"| {arch} | {row['family']} | {row['seconds']} | {row['tau']} | {row['greedy']} | "
+            print(f"| {arch} | {row['family']} | {row['kinds']} | {row['self_test']} | {row['seconds']} | {row['tau']} | "
+                  f"{row['greedy']} | "
                   f"{row['sampling']} | {'yes' if row['gguf'] else 'no'} |", flush=True)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from schemas.work_files import LenientModel
+from schemas.work_files import LenientModel, TargetSelfTest
 
 REPORT_VERSION = 1
 """The shape validation writes now; a report without `version` is version 1 (module docstring)."""
@@ -383,10 +383,13 @@ class TargetDescription(_Part):
     base: str | None = Field(default=None, description="An adapter target's base model, as the job named it.")
     family: str | None = None
     model_type: str | None = None
-    layer_kinds: dict[str, int] | None = Field(default=None, description="Decoder layers per kind: full, "
-                                               "sliding (window), linear (a recurrent state).")
+    layer_kinds: dict[str, int] | None = Field(default=None, description="Decoder layers per kind, read from the "
+                                               "model: full, sliding (window), chunked, linear (a recurrent "
+                                               "state), conv (a short convolution's state), none (no cache), other.")
     rollback: str | None = Field(default=None, description="How a verify is taken back: crop, or replay "
                                  "(restore the saved recurrent state and replay the accepted tokens).")
+    rollback_by_kind: dict[str, str] | None = Field(default=None, description="Each layer kind's rollback.")
+    tied_head: bool | None = Field(default=None, description="The LM head is the embedding table.")
     moe: bool | None = None
     active_expert_fraction: float | None = None
     embedding_scale: float | None = None
@@ -395,6 +398,8 @@ class TargetDescription(_Part):
                                       "this family today.")
     engines_note: str | None = None
     gguf: bool | None = Field(default=None, description="The family's vocabulary is one the GGUF writer exports.")
+    self_test: TargetSelfTest | None = Field(default=None, description="The target's self-test at prepare "
+                                             "(prepare.json's): speculative decoding against the target alone.")
 
 
 class ValidationReport(_Part):

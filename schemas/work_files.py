@@ -126,6 +126,29 @@ class PreparedParent(LenientModel):
     origin: ParentOrigin | None = None
 
 
+class TargetSelfTest(LenientModel):
+    """The self-test at prepare (trainer/targets/self_test.py): speculative decoding with arbitrary drafts against
+    the target alone, on the job's own checkpoint; a failure stops the job before any compute."""
+
+    passed: bool | None = None
+    failure: str | None = Field(default=None, description="What failed: the layer, its kind and what differed.")
+    layer: int | None = Field(default=None, description="The cache layer whose rollback failed, if one did.")
+    layer_kind: str | None = None
+    tokens: int | None = Field(default=None, description="Greedy tokens compared.")
+    block_size: int | None = None
+    cycles: int | None = Field(default=None, description="Verifies of the speculative decode.")
+    drafts_rejected: int | None = Field(default=None, description="Drafts rejected (each a rollback tested).")
+    seed: int | None = None
+    dtype: str | None = None
+    reference: str | None = Field(default=None, description="The target alone's decode compared against.")
+    layer_kinds: dict[str, int] | None = Field(default=None, description="Decoder layers per kind, read from "
+                                               "the model (trainer/targets/contract.py).")
+    rollback_by_kind: dict[str, str] | None = Field(default=None, description="Each kind's rollback: crop, "
+                                                    "replay (snapshot and replay) or none (no cache).")
+    rollback: str | None = None
+    seconds: float | None = None
+
+
 class PreparedTarget(VersionedFile):
     """prepare.json: what prepare decided about the target and the drafter's shape."""
 
@@ -138,6 +161,7 @@ class PreparedTarget(VersionedFile):
     train_prompts: int | None = None
     holdout_prompts: int | None = None
     parent_drafter: PreparedParent | None = None
+    self_test: TargetSelfTest | None = Field(default=None, description="The target's self-test at prepare.")
 
 
 # --- stages/<stage>.json ------------------------------------------------------------------------------------

@@ -38,7 +38,26 @@ FAMILY_CONFIGS = {
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {"head_dim": 16, "num_local_experts": 4,
                                                        "num_experts_per_tok": 2, "sliding_window": 8}),
 }
+# Architectures in no table (trainer/targets/families.py), run on the contract read from the model and the
+# self-test alone: multi-head latent attention with a dense first layer, shared and routed experts (DeepSeek V3,
+# Kimi K2), GLM-4.5's MoE, LFM2's short convolutions beside full attention, Nemotron-H's Mamba-2 beside attention
+# and MLP-only layers (hybrid_override_pattern: M Mamba, * attention, - MLP, E experts).
+_ROUTED = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_group": 1,
+           "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1}
+UNLISTED_CONFIGS = {
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    {**_ROUTED, "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+                     "v_head_dim": 16, "num_key_value_heads": 4}),  # MLA: one latent, every head its keys
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", {**_ROUTED, "head_dim": 16}),
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", {"layer_types": ["conv", "full_attention", "conv", "conv",
+                                                                "full_attention", "conv"]}),
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM",
+                   {"hybrid_override_pattern": "M*M-ME", "n_routed_experts": 4, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32, "mamba_num_heads": 4,
+                    "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2, "chunk_size": 8}),
+}
 ARCH_CONFIGS.update(FAMILY_CONFIGS)
+ARCH_CONFIGS.update(UNLISTED_CONFIGS)
 
 
 def make_tokenizer(vocab_size: int, with_mask: bool = False):
@@ -67,12 +86,12 @@ def make_tiny_target(out_dir: Path, arch: str = "qwen3", *, vocab_size: int = 25
     import transformers
 
     config_name, model_name, extra = ARCH_CONFIGS[arch]
-    config = getattr(transformers, config_name)(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=1024, tie_word_embeddings=tie, initializer_range=init_std,
-        bos_token_id=1, eos_token_id=2, pad_token_id=3, **extra,
-    )
+    config = getattr(transformers, config_name)(**{
+        "vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": num_layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 1024, "tie_word_embeddings": tie, "initializer_range": init_std,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3, **extra,  # an architecture's own settings win
+    })
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config)
     out_dir = Path(out_dir)
@@ -111,10 +130,11 @@ def make_bpe_target(target_dir: Path, *, hidden_size: int = 64, num_layers: int 
     tokenizer_config["add_prefix_space"] = False
     config_file.write_text(json.dumps(tokenizer_config, indent=2))
     config_name, model_name, extra = ARCH_CONFIGS[arch]
-    config = getattr(transformers, config_name)(
-        vocab_size=49152, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
-        bos_token_id=1, eos_token_id=2, **extra)
+    config = getattr(transformers, config_name)(**{
+        "vocab_size": 49152, "hidden_size": hidden_size, "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": num_layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 2048, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+        **extra})
     torch.manual_seed(seed)
     getattr(transformers, model_name)(config).save_pretrained(target_dir)
     return target_dir

@@ -52,6 +52,13 @@ class TargetConfigInvalid(TargetError):
     code = "target_config_invalid"
 
 
+class TargetSelfTestFailed(TargetError):
+    """The target's own speculative decoding differs from its plain decoding (trainer/targets/self_test.py): a layer
+    whose cache does not roll back exactly, named with its kind; refused at prepare, before any compute."""
+
+    code = "target_self_test_failed"
+
+
 class TargetTooLarge(TargetError):
     """A size in config.json or the weights above the deployment's limits (schemas/bounds.py TargetLimits)."""
 

@@ -328,9 +328,16 @@ class JobStages:
     def prepare(self) -> dict:
         from trainer.drafter.config import default_target_layer_ids
         from trainer.targets.chat import choose_mask_token_id
+        from trainer.targets.self_test import require_passed, run_self_test
 
         target, c = self.target, self.config
         train_prompts, holdout = self.prompts()  # validates the prompts file before any compute
+        # The target's own speculative decoding against its plain decoding, before anything is spent on it: an
+        # architecture whose cache does not roll back exactly is refused here naming the layer (listed or not).
+        self_test = run_self_test(target, seed=c.sampling.seed or 0)
+        self.hooks.progress(Stage.PREPARE, 0.5, f"self-test {'passed' if self_test.passed else 'FAILED'} in "
+                            f"{self_test.seconds} s ({self_test.tokens} tokens, {self_test.cycles} verifies)")
+        require_passed(self_test, target.family["model_type"])
         mask_token_id, reason = ((c.mask_token_id, "given") if c.mask_token_id is not None
                                  else choose_mask_token_id(target.tokenizer, target.vocab_size))
         taps = list(c.target_layer_ids) if c.target_layer_ids else default_target_layer_ids(target.num_layers,
@@ -352,7 +359,7 @@ class JobStages:
             target_path=str(target.path), fingerprint=target.fingerprint,
             adapter_path=None if target.adapter_path is None else str(target.adapter_path),
             mask_token_id=mask_token_id, mask_token_rule=reason, tap_layer_ids=taps,
-            train_prompts=len(train_prompts), holdout_prompts=len(holdout))
+            train_prompts=len(train_prompts), holdout_prompts=len(holdout), self_test=self_test)
         shape = drafter_config_for(c, target, prepared)  # validates the drafter's shape (taps in range, mask id) now
         if recognised is not None:
             from trainer.drafter.upgrade import upgrades
@@ -420,7 +427,10 @@ class JobStages:
         """The target as the job named it (never a worker's local copy) and its family, for report.json and the
         model card."""
         c = self.config
-        return self.target.describe(c.target_name or c.target, c.base_name or c.base)
+        described = self.target.describe(c.target_name or c.target, c.base_name or c.base)
+        if self.layout.prepared.is_file():  # the self-test prepare ran on this checkpoint
+            described.self_test = PreparedTarget.load(self.layout.prepared).self_test
+        return described
 
     def validate(self) -> dict:
         from trainer.drafter.checkpoint import load_drafter

@@ -17,10 +17,10 @@ from test_pipeline import small_run_config
 from tiny_targets import FAMILY_CONFIGS, make_bpe_target, make_tiny_target
 
 from schemas.sampling import SamplingParams
-from trainer.errors import TargetError
 from trainer.speculative import SpeculativeDecoder
-from trainer.targets import inspect_target_dir, load_target
+from trainer.targets import load_target
 from trainer.targets.families import Rollback, describe
+from trainer.targets.self_test import run_self_test
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=40)
 
@@ -48,6 +48,15 @@ def test_greedy_speculative_output_is_the_targets_own_on_every_family(family_tar
         assert sum(got.acceptance_lengths) == len(got.tokens) - 1
 
 
+def test_the_contract_read_from_the_model_describes_each_family_as_the_table_did(family_target):
+    """The twelve families' description (layer kinds, rollback, MoE, embedding scale, soft-cap) now comes from the
+    loaded model and its cache: it must say what the config-only table says, and the self-test must pass."""
+    from_config = describe(family_target.model.config.to_dict())
+    assert {key: family_target.family[key] for key in from_config} == from_config
+    result = run_self_test(family_target)
+    assert result.passed, result.failure
+
+
 @pytest.fixture(scope="module")
 def hybrid_target(tmp_path_factory):
     return load_target(make_tiny_target(tmp_path_factory.mktemp("qwen3_5"), "qwen3_5"))
@@ -66,9 +75,11 @@ def test_a_recurrent_state_merely_cropped_is_caught(hybrid_target):
     try:
         cropped = [SpeculativeDecoder(hybrid_target, drafter).generate(p, GREEDY, stop_token_ids=[]).tokens
                    for p in cases]
+        planted = run_self_test(hybrid_target)
     finally:
         hybrid_target.rollback = Rollback.REPLAY
     assert cropped != alone
+    assert not planted.passed and planted.layer_kind == "linear" and "recurrent_states" in planted.failure
 
 
 def test_rewinding_to_one_mark_twice_restores_the_same_state(hybrid_target):
@@ -102,14 +113,6 @@ def test_the_family_table_records_what_the_pipeline_relies_on(tmp_path):
     assert gemma["rollback"] == "crop" and "sliding" in gemma["layer_kinds"] and not gemma["gguf"]
     oss = describe(json.loads((make_tiny_target(tmp_path / "o", "gpt_oss") / "config.json").read_text()))
     assert oss["moe"] and oss["active_expert_fraction"] == 0.5
-
-
-def test_an_unknown_family_is_refused_with_the_list_and_how_to_ask(tmp_path):
-    target = make_tiny_target(tmp_path / "t", "qwen3")
-    config = json.loads((target / "config.json").read_text())
-    (target / "config.json").write_text(json.dumps({**config, "model_type": "falcon_h1"}))
-    with pytest.raises(TargetError, match=r"'falcon_h1'.*gpt_oss.*qwen3_5.*ask for it to be added"):
-        inspect_target_dir(target)
 
 
 NO_GGUF = {"gemma3": "SentencePiece", "gemma4": "SentencePiece",

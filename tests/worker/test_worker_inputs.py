@@ -28,12 +28,13 @@ def _unusable_targets(models, outside) -> list[tuple[str, str, str]]:
     alien = models / "alien"
     shutil.copytree(models / "bpe", alien, dirs_exist_ok=True)
     config = json.loads((alien / "config.json").read_text())
-    (alien / "config.json").write_text(json.dumps({**config, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    (alien / "config.json").write_text(json.dumps({**config, "model_type": "not_a_model_type",
+                                                   "architectures": ["AlienForCausalLM"]}))
     return [
         (f"file://{models}/no-such-model", "target_not_found", "no such directory"),
         (f"file://{escape}", "target_not_allowed", "outside the allowed roots"),
         (f"file://{pickled}", "target_invalid", "only pickle weights (pytorch_model.bin)"),
-        (f"file://{alien}", "target_invalid", "architecture 'gpt2' (GPT2LMHeadModel) is not supported"),
+        (f"file://{alien}", "target_config_invalid", "does not describe a model transformers can build"),
     ]
 
 

@@ -109,7 +109,7 @@ class DrafterConfig:
             variant=variant, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
             num_layers=num_layers, num_attention_heads=config.num_attention_heads,
             num_key_value_heads=_global_setting(config, "num_key_value_heads"), head_dim=head_dim,
-            rms_norm_eps=config.rms_norm_eps,
+            rms_norm_eps=_norm_eps(config),
             rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
             max_position_embeddings=config.max_position_embeddings, vocab_size=target.vocab_size,
             num_target_layers=target.num_layers, target_layer_ids=tuple(taps), block_size=block_size,
@@ -203,6 +203,14 @@ def _draft_vocab_size(data: dict) -> int | None:
     """Ours (`draftsmith.draft_vocab_size`) or vLLM's top-level key; one equal to the vocabulary means none."""
     size = (data.get("draftsmith") or {}).get("draft_vocab_size") or data.get("draft_vocab_size")
     return None if size is None or size == data.get("vocab_size") else int(size)
+
+
+NORM_EPS_KEYS = ("rms_norm_eps", "norm_eps", "layer_norm_epsilon", "layer_norm_eps")
+"""What architectures call their norms' epsilon (Llama/Qwen, LFM2, Nemotron-H, ...): the drafter's norms use it."""
+
+
+def _norm_eps(config) -> float:
+    return next((float(value) for key in NORM_EPS_KEYS if (value := getattr(config, key, None)) is not None), 1e-6)
 
 
 def _global_setting(config, name: str):

@@ -34,6 +34,7 @@ from trainer.errors import DraftsmithError, TargetError
 from trainer.export.drafter_d2t import D2T_DIR, REFERENCE_DIR, reference_config, write_d2t_drafter
 from trainer.export.gguf_writer import write_gguf
 from trainer.export.model_card import D2T_GGUF, model_card
+from trainer.targets.families import UNLISTED_GGUF
 from trainer.targets.loading import Target
 from trainer.validation.report import check_compatible
 
@@ -114,7 +115,7 @@ def write_engine_drafters(drafter_dir: Path, draft_vocab, target: Target, out_di
     staged.mkdir(parents=True, exist_ok=True)
     _reference_weights(Path(drafter_dir) / "model.safetensors", staged / "model.safetensors")
     atomic_write_json(staged / "config.json", reference_config(config))
-    no_gguf = None if target.family["gguf"] else SENTENCEPIECE
+    no_gguf = None if target.family["gguf"] else SENTENCEPIECE if target.family["engines"] else UNLISTED_GGUF
     if no_gguf is None:
         (out_dir / "gguf").mkdir(exist_ok=True)
         try:

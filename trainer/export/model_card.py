@@ -181,7 +181,8 @@ def _adapter_line(names: TargetDescription) -> str:
 
 def _not_served(engine: str, names: TargetDescription) -> str:
     return (f"{engine} does not serve a DFlash drafter for {names.family} targets today "
-            f"(trainer/targets/families.py); use {', '.join(names.engines or [])}.\n")
+            f"(trainer/targets/families.py); use "
+            f"{', '.join(names.engines or []) or 'the Draftsmith decoder (draftsmith decode)'}.\n")
 
 
 def model_card(config: DrafterConfig, target: Target, report: ValidationReport | None, names: TargetDescription,

@@ -1,45 +1,40 @@
-"""The target families Draftsmith trains drafters for, and what the pipeline relies on in each: one table.
+"""What the pipeline cannot read from a target itself, by family: one table of exceptions to the target contract.
 
-A target is any Hugging Face causal LM whose `config.json` `model_type` names a family below. What the pipeline
-reads from a target is the same for all of them (trainer/targets/loading.py `Target`): the decoder layers at
-`get_decoder().layers` and its final norm at `get_decoder().norm` (the taps), the input embedding table and the
-LM head (borrowed by the drafter), and a cache that can be put back to the last accepted token after a verify.
-What differs per family is recorded here:
+What speculative decoding, generation and training rely on in a target (its layers and their kinds, how each
+layer's cache rolls back, the embedding scale, the logit soft-cap, a tied head, routed experts) is read from the
+loaded model and the cache it builds (trainer/targets/contract.py), and checked on the checkpoint itself at
+prepare (trainer/targets/self_test.py): any causal LM transformers loads that passes the self-test runs, listed
+here or not. This table keeps what no model object says:
 
-- `layer kinds`: full attention, sliding-window attention, or linear attention (a recurrent state, e.g. Gated
-  DeltaNet). Attention caches are cropped; a sliding-window cache keeps the tokens a crop may need (transformers'
-  past recording); a recurrent state cannot be cropped at all, so a target with a linear layer is put back by
-  restoring the state saved before the verify and replaying the accepted tokens (`Rollback.REPLAY`).
-- `embedding scale`: Gemma multiplies token embeddings by sqrt(hidden_size) inside its embedding module; the
-  drafter reads the raw table (the scale is a constant its first layer learns), recorded so exports say so.
-- `final logit soft-capping`: Gemma caps the target's logits (tanh). Verification always uses the target's own
-  logits, so the cap never changes what is accepted; drafts from the uncapped head rank tokens the same way.
-- `MoE`: routed experts run as the model runs them (transformers' own expert code, no dense fallback); the
-  active share of parameters is what a token costs (`active_parameter_fraction`).
-- the multimodal wrappers (`qwen3_5`, `qwen3_5_moe`, `gemma3`, `gemma4`) load as their text model where
-  transformers maps them to one (Qwen3.5), else with their towers unused (Gemma's conditional-generation class).
+- `engines`: which serving engines serve a DFlash drafter for the family today (the model card's commands), and
+  whether Draftsmith measured them;
+- `gguf`: whether the target's vocabulary is one the GGUF writer exports (byte-level BPE); Gemma's is
+  SentencePiece (llama.cpp's own converter);
+- the family's name for the report and the card (an unlisted model_type is named by itself).
 
-Adding a family: one `Family` entry, a tiny config in tests/tiny_targets.py, and it runs through the per-family
-tests (tests/trainer/test_target_families.py). Anything else is refused with the supported list.
+The config-only readers below (`layer_kinds`, `rollback_of`, `describe`) say what config.json alone implies, for
+what runs before a model is loaded (placement's active share); a loaded target's description is `describe_loaded`,
+from its contract. For the twelve families both agree (tests/trainer/test_target_families.py).
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
+
+from trainer.targets.contract import EXPERT_COUNT_KEYS, Contract
+from trainer.targets.contract import Rollback as Rollback  # re-exported: the decoders' and benches' import
 
 ENGINES = ("SGLang", "vLLM", "transformers", "llama.cpp")
 """The serving engines a drafter's export targets (the model card has a command for each one a family has)."""
 NOT_MEASURED = ("as the DFlash write-ups and the peers' recipes name them for this family; not measured by "
                 "Draftsmith yet")
-
-
-class Rollback(enum.Enum):
-    CROP = "crop"
-    """Every layer keeps per-token keys and values: drop the rejected tokens."""
-    REPLAY = "replay"
-    """A layer carries a recurrent state: restore the state saved before the verify, replay the accepted tokens."""
+UNLISTED_ENGINES = ("this architecture has no entry in trainer/targets/families.py: no serving engine is known to "
+                    "serve a DFlash drafter for it yet; it passed the self-test, and Draftsmith's own decoder "
+                    "(`draftsmith decode`) runs it over transformers")
+UNLISTED_GGUF = ("this architecture has no entry in trainer/targets/families.py, whose entries say which vocabularies "
+                 "the GGUF writer exports: convert `drafter/` with llama.cpp's convert_hf_to_gguf.py "
+                 "--target-model-dir TARGET")
 
 
 @dataclass(frozen=True)
@@ -80,8 +75,7 @@ FAMILIES = (
 )
 BY_MODEL_TYPE = {model_type: family for family in FAMILIES for model_type in family.model_types}
 SUPPORTED_MODEL_TYPES = frozenset(BY_MODEL_TYPE)
-ADD_A_FAMILY_HINT = ("ask for it to be added (an entry in trainer/targets/families.py and its tests: "
-                     "docs/TARGETS.md, 'Adding a family')")
+"""The model types whose engines and GGUF support are known; others run when the self-test passes."""
 
 
 def family_of(model_type: str | None) -> Family | None:
@@ -122,7 +116,7 @@ def final_logit_softcap(config: dict) -> float | None:
 def active_parameter_fraction(config: dict) -> float:
     """The share of the routed experts' weights one token runs through (1.0 for a dense model): top-k of E."""
     text = text_config(config)
-    experts = text.get("num_experts") or text.get("num_local_experts")
+    experts = next((text[key] for key in EXPERT_COUNT_KEYS if text.get(key)), None)
     chosen = text.get("num_experts_per_tok")
     if not experts or not chosen:
         return 1.0
@@ -143,6 +137,27 @@ def describe(config: dict) -> dict:
         "embedding_scale": embedding_scale(config),
         "final_logit_softcap": final_logit_softcap(config),
         "engines": list(family.engines) if family else [],
-        "engines_note": "" if family is None or family.engines_measured else NOT_MEASURED,
+        "engines_note": UNLISTED_ENGINES if family is None else "" if family.engines_measured else NOT_MEASURED,
+        "gguf": bool(family and family.gguf),
+    }
+
+
+def describe_loaded(config: dict, contract: Contract) -> dict:
+    """What the pipeline records of a loaded target (report.json's `target`, the model card): its contract, read
+    from the model, and the table's entry, if the family has one."""
+    family = family_of(config.get("model_type"))
+    return {
+        "family": family.name if family else config.get("model_type"),
+        "model_type": config.get("model_type"),
+        "layer_kinds": contract.layer_kinds(),
+        "rollback": contract.rollback.value,
+        "rollback_by_kind": contract.rollback_by_kind(),
+        "moe": contract.moe,
+        "active_expert_fraction": contract.active_expert_fraction,
+        "embedding_scale": contract.embedding_scale,
+        "final_logit_softcap": contract.final_logit_softcap,
+        "tied_head": contract.tied_head,
+        "engines": list(family.engines) if family else [],
+        "engines_note": UNLISTED_ENGINES if family is None else "" if family.engines_measured else NOT_MEASURED,
         "gguf": bool(family and family.gguf),
     }

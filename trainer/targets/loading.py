@@ -1,4 +1,5 @@
-"""Target models: any local Hugging Face causal-LM directory of a supported architecture.
+"""Target models: any local Hugging Face causal-LM directory transformers loads (what the pipeline relies on in it is
+read from the model: trainer/targets/contract.py; checked on the checkpoint at prepare: trainer/targets/self_test.py).
 
 The drafter borrows the target's embedding and LM head (frozen) and reads the outputs of a few of its
 layers ("taps"). `Target` exposes exactly those, plus a KV cache that can be rolled back, so the
@@ -29,7 +30,8 @@ from trainer.errors import (
     WeightsHeaderInvalid,
 )
 from trainer.targets.adapters import adapter_digest, merge_adapter, model_and_adapter
-from trainer.targets.families import ADD_A_FAMILY_HINT, SUPPORTED_MODEL_TYPES, Rollback, describe
+from trainer.targets.contract import Contract, Rollback, read_contract, restore_layer, snapshot_layer, trim_convolutions
+from trainer.targets.families import describe_loaded
 from trainer.targets.preflight import (
     check_config_sizes,
     preflight,
@@ -60,12 +62,7 @@ def _inspect_model_dir(path: Path, allow_pickle: bool, limits: TargetLimits) -> 
         raise TargetError(f"target {path}: config.json is missing; a model directory needs config.json, "
                           "*.safetensors weights and tokenizer files")
     config = read_config(path)
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        architectures = ",".join(str(a) for a in config.get("architectures") or []) or "unknown"
-        raise TargetError(f"target {path}: architecture {model_type!r} ({architectures}) is not supported; "
-                          f"supported model_type values: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}; "
-                          f"{ADD_A_FAMILY_HINT}")
+    # No list of model types here: any architecture transformers builds is judged by the self-test at prepare.
     weight_files, weight_map = _check_weights(path, allow_pickle)
     if not _has_tokenizer(path):
         raise TargetError(f"target {path}: tokenizer files are missing; save the tokenizer into the model "
@@ -263,22 +260,8 @@ def cache_argument(model) -> str:
 class CacheMark:
     length: int
     states: dict | None
-    """Copies of the recurrent layers' states by cache layer index; None when every layer can be cropped."""
-
-
-_STATE_FIELDS = ("conv_states", "recurrent_states", "is_conv_states_initialized", "is_recurrent_states_initialized",
-                 "has_previous_state")
-
-
-def _recurrent_state(layer) -> dict:
-    return {name: {i: (value.clone() if isinstance(value, torch.Tensor) else value)
-                   for i, value in getattr(layer, name).items()} for name in _STATE_FIELDS}
-
-
-def _restore_recurrent_state(layer, state: dict) -> None:
-    for name in _STATE_FIELDS:  # copies again: one mark may be rewound to more than once
-        setattr(layer, name, {i: (value.clone() if isinstance(value, torch.Tensor) else value)
-                              for i, value in state[name].items()})
+    """Copies of the states a crop cannot take back, by cache layer index (a linear-attention layer's conv and
+    recurrent states; any other such layer whole); None when every layer can be cropped."""
 
 
 class Target:
@@ -296,8 +279,28 @@ class Target:
         self.config = model.config.get_text_config()
         self.layers = model.get_decoder().layers
         self.cache_argument = cache_argument(model)
-        self.family = describe(model.config.to_dict())
-        self.rollback = Rollback(self.family["rollback"])
+        self._rollback: Rollback | None = None
+
+    @cached_property
+    def contract(self) -> Contract:
+        """What the pipeline relies on in this model, read from it (trainer/targets/contract.py): one probe forward
+        of two tokens, on first use."""
+        probe = torch.tensor([[1, 2]], device=self.device).clamp_max(self.vocab_size - 1)
+        return read_contract(self.model, self.new_cache, probe, self.cache_argument)
+
+    @cached_property
+    def family(self) -> dict:
+        return describe_loaded(self.model.config.to_dict(), self.contract)
+
+    @property
+    def rollback(self) -> Rollback:
+        """How a verify is taken back: the contract's (replay when a layer holds a state a crop cannot take back).
+        Settable, so a test or a bench can plant the wrong one and see it caught or measure it."""
+        return self._rollback if self._rollback is not None else self.contract.rollback
+
+    @rollback.setter
+    def rollback(self, value: Rollback) -> None:
+        self._rollback = value
 
     def describe(self, name: str | None = None, base: str | None = None) -> TargetDescription:
         """The target as a job names it (`name`, an adapter's `base`; else the local folders) and its family:
@@ -355,34 +358,38 @@ class Target:
 
     def mark(self, cache) -> CacheMark:
         """Where `cache` stands before a forward whose tail may be rejected: its length and, for a target with
-        recurrent (linear-attention) layers, a copy of their states, which no crop can recover."""
+        layers whose state no crop can recover (the contract's replay layers), a copy of those states."""
         if self.rollback is Rollback.CROP:
             return CacheMark(cache.get_seq_length(), None)
-        from transformers.cache_utils import LinearAttentionCacheLayerMixin
-
-        return CacheMark(cache.get_seq_length(), {index: _recurrent_state(layer) for index, layer in
-                                                  enumerate(cache.layers)
-                                                  if isinstance(layer, LinearAttentionCacheLayerMixin)})
+        return CacheMark(cache.get_seq_length(), {index: snapshot_layer(cache.layers[index])
+                                                  for index in self.contract.replay_layers})
 
     @torch.inference_mode()
     def rewind(self, cache, mark: CacheMark, kept: list[int]) -> None:
         """Leave `cache` exactly as if only `kept` (the first tokens of the forwards since `mark`) had followed
-        the marked prefix: attention layers cropped; recurrent layers restored to the marked state and the kept
-        tokens replayed through the target (one forward, only when some token was rejected)."""
+        the marked prefix: croppable layers cropped; the others restored to the marked state and the kept tokens
+        replayed through the target (one forward, only when some token was rejected)."""
         length = mark.length + len(kept)
         if mark.states is None:
             self.crop_cache(cache, length)
+            trim_convolutions(cache, self._croppable_convolutions)
             return
+        remove = cache.get_seq_length() - mark.length
         if cache.get_seq_length() != length:  # a token was rejected: back to the mark, then the kept ones again
-            self.crop_cache(cache, mark.length)
-            for index, state in mark.states.items():
-                _restore_recurrent_state(cache.layers[index], state)
+            for index, layer in enumerate(cache.layers):
+                if remove > 0 and not (index in mark.states and mark.states[index].whole):
+                    layer.crop(-remove)  # a layer copied whole is not asked to crop: its crop may be the problem
+                if index in mark.states:
+                    cache.layers[index] = restore_layer(layer, mark.states[index])
             if kept:
                 positions = torch.arange(mark.length, length, device=self.device)[None]
                 self.forward(torch.tensor([kept], device=self.device), positions, cache=cache, logits_to_keep=1)
-        for index in mark.states:  # past recording grows convolution states; only the kernel's width is needed
-            if any(cache.layers[index].is_conv_states_initialized.values()):
-                cache.layers[index].crop(0)
+        trim_convolutions(cache, list(mark.states) + self._croppable_convolutions)
+
+    @cached_property
+    def _croppable_convolutions(self) -> list[int]:
+        """Linear layers that hold only a convolution state (LFM2's short convolutions): cropped, then trimmed."""
+        return [layer.index for layer in self.contract.layers if layer.rollback == "crop" and layer.kind == "conv"]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None,
@@ -415,7 +422,7 @@ class Target:
 
             # HF's hidden_states[L] (what the reference reads for the last layer) is the final norm's output:
             # the state the LM head reads, so the last layer is tapped after the norm.
-            module = self.layers[layer_id] if layer_id < self.num_layers - 1 else self.model.get_decoder().norm
+            module = self.layers[layer_id] if layer_id < self.num_layers - 1 else self.final_norm
             handles.append(module.register_forward_hook(hook))
         ordered: list[torch.Tensor] = []
         try:
@@ -424,6 +431,12 @@ class Target:
             for handle in handles:
                 handle.remove()
         ordered.extend(captured[i] for i in layer_ids or [])
+
+    @property
+    def final_norm(self) -> torch.nn.Module:
+        """The module whose output the LM head reads (the contract found it; `norm` where the probe could not)."""
+        decoder = self.model.get_decoder()
+        return getattr(decoder, self.contract.final_norm or "norm")
 
     def stop_token_ids(self) -> list[int]:
         """End-of-turn tokens: the generation config's eos ids plus the tokenizer's eos."""

@@ -1,0 +1,131 @@
+"""The target contract read from the model (trainer/targets/contract.py) and the self-test at prepare
+(trainer/targets/self_test.py), on architectures in no table: tiny random targets built from the pinned
+transformers' own config classes (tests/tiny_targets.py UNLISTED_CONFIGS; nothing downloaded). Each layer kind is
+read from the cache the model builds, rolled back as that cache allows, and decodes losslessly; a stateful layer
+merely cropped fails the self-test naming the layer; prepare records the self-test and refuses a target that fails
+it before anything else is spent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from drafters import random_drafter
+from test_pipeline import small_run_config
+from tiny_targets import UNLISTED_CONFIGS, make_tiny_target
+
+from schemas.sampling import SamplingParams
+from trainer.errors import TargetConfigInvalid, TargetSelfTestFailed
+from trainer.speculative import SpeculativeDecoder
+from trainer.targets import inspect_target_dir, load_target
+from trainer.targets.contract import Rollback
+from trainer.targets.self_test import run_self_test
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
+
+# What each architecture's layers are and how each kind rolls back, as the contract must read them (6 layers).
+EXPECTED = {
+    "deepseek_v3": ({"full": 6}, {"full": "crop"}, True),  # multi-head latent attention caches per-token K/V
+    "glm4_moe": ({"full": 6}, {"full": "crop"}, True),
+    "lfm2": ({"full": 2, "conv": 4}, {"conv": "crop", "full": "crop"}, False),  # a recorded conv state crops
+    "nemotron_h": ({"full": 1, "linear": 3, "none": 2}, {"linear": "replay", "full": "crop", "none": "none"}, True),
+}
+
+
+@pytest.fixture(scope="session")
+def unlisted_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("unlisted")
+    return {arch: make_tiny_target(root / arch, arch) for arch in sorted(UNLISTED_CONFIGS)}
+
+
+@pytest.fixture(scope="session")
+def unlisted(unlisted_dirs):
+    return {arch: load_target(folder) for arch, folder in unlisted_dirs.items()}
+
+
+def test_the_contract_is_read_from_the_model_and_its_cache(unlisted):
+    for arch, (kinds, rollback, moe) in EXPECTED.items():
+        target = unlisted[arch]
+        assert (target.family["layer_kinds"], target.family["rollback_by_kind"]) == (kinds, rollback), arch
+        assert target.family["moe"] is moe and target.family["family"] == arch and target.family["engines"] == []
+        assert target.rollback is (Rollback.REPLAY if "replay" in rollback.values() else Rollback.CROP)
+    # the final norm the LM head reads, whatever the architecture names it (the drafter's last tap)
+    assert {arch: t.contract.final_norm for arch, t in unlisted.items()} == {
+        "deepseek_v3": "norm", "glm4_moe": "norm", "lfm2": "embedding_norm", "nemotron_h": "norm_f"}
+    assert unlisted["nemotron_h"].family["active_expert_fraction"] == 0.5
+
+
+def test_each_unlisted_architecture_passes_the_self_test_and_decodes_losslessly(unlisted):
+    """An untrained drafter: most drafts are rejected, so nearly every cycle takes the verify back."""
+    for arch, target in unlisted.items():
+        result = run_self_test(target)
+        assert result.passed, (arch, result.failure)
+        assert result.cycles and result.drafts_rejected and result.seconds < 2.0
+        drafter = random_drafter(target, "dflash2", block_size=4, seed=2)
+        for prompt in ([7, 9, 11, 13, 5], [40, 41]):
+            expected = SpeculativeDecoder(target).generate(prompt, GREEDY, stop_token_ids=[]).tokens
+            assert SpeculativeDecoder(target, drafter).generate(prompt, GREEDY, stop_token_ids=[]).tokens == expected
+
+
+def test_a_mamba_state_merely_cropped_fails_the_self_test_naming_the_layer(unlisted):
+    """The planted bug: Nemotron-H's Mamba-2 layers cropped like attention instead of restored and replayed."""
+    target = unlisted["nemotron_h"]
+    target.rollback = Rollback.CROP
+    try:
+        result = run_self_test(target)
+    finally:
+        target.rollback = None
+    assert not result.passed and (result.layer, result.layer_kind) == (0, "linear")
+    assert "recurrent_states" in result.failure and "(crop)" in result.failure
+
+
+def test_a_convolution_state_not_cropped_fails_the_self_test(unlisted, monkeypatch):
+    """The planted bug for a short convolution (LFM2): its recorded state left as the verify grew it."""
+    target = unlisted["lfm2"]
+    monkeypatch.setattr("trainer.targets.loading.Target.crop_cache", staticmethod(_crop_attention_only))
+    result = run_self_test(target)
+    assert not result.passed and result.layer_kind == "conv", result.failure
+
+
+def _crop_attention_only(cache, length: int) -> None:
+    remove = cache.get_seq_length() - length
+    for layer in cache.layers:
+        if remove > 0 and not hasattr(layer, "conv_states"):
+            layer.crop(-remove)
+
+
+def test_prepare_records_the_self_test_and_refuses_a_target_that_fails_it(unlisted_dirs, tmp_path, monkeypatch):
+    from trainer.pipeline import Layout, run_stage
+
+    config = small_run_config(unlisted_dirs["nemotron_h"])
+    layout = Layout.under(tmp_path / "ok", tmp_path / "ok" / "out")
+    summary = run_stage("prepare", config, layout)
+    recorded = json.loads(layout.prepared.read_text())["self_test"]
+    assert recorded["passed"] is True and recorded == summary["self_test"]
+    assert recorded["layer_kinds"] == EXPECTED["nemotron_h"][0] and recorded["rollback"] == "replay"
+
+    # The same checkpoint with its stateful layers' rollback planted wrong: stopped at prepare, nothing written.
+    monkeypatch.setattr("trainer.targets.loading.Target.rollback", property(lambda self: Rollback.CROP))
+    refused = Layout.under(tmp_path / "refused", tmp_path / "refused" / "out")
+    with pytest.raises(TargetSelfTestFailed, match=r"nemotron_h.*self-test.*layer 0 \(linear"):
+        run_stage("prepare", config, refused)
+    assert not refused.prepared.exists()
+
+
+def test_a_model_type_transformers_cannot_build_is_refused_before_loading(unlisted_dirs, tmp_path):
+    folder = tmp_path / "t"
+    folder.mkdir()
+    for file in unlisted_dirs["glm4_moe"].iterdir():
+        (folder / file.name).write_bytes(file.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "not_a_model_type"}))
+    with pytest.raises(TargetConfigInvalid, match="does not describe a model transformers can build"):
+        inspect_target_dir(folder)
+
+
+def test_the_self_test_is_cheap_and_seeded(unlisted):
+    target = unlisted["glm4_moe"]
+    first, again = run_self_test(target, seed=3), run_self_test(target, seed=3)
+    assert (first.cycles, first.drafts_rejected) == (again.cycles, again.drafts_rejected)
+    assert first.tokens == 12 and first.block_size == 4 and torch.get_default_dtype() == torch.float32

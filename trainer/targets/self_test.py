@@ -1,0 +1,188 @@
+"""The self-test at prepare: a few tokens of speculative decoding with arbitrary drafts against the target alone,
+on the customer's own checkpoint, before any compute is spent on it.
+
+The contract (trainer/targets/contract.py) says how each layer's cache is put back after a verify; this checks that
+it is true of this checkpoint, whatever its architecture, listed or not. Two checks, both exact:
+
+1. Rollback: the prompt through the target into two caches; one then takes a verify of random drafts and is
+   rewound to the prompt (nothing kept). Every layer's cache must then hold what the other holds: keys and values,
+   convolution and recurrent states, bit for bit (both saw the same forwards at the same shapes). The first layer
+   that differs is named with its kind and cache class: a stateful layer that was merely cropped fails here.
+2. Greedy: the target's own greedy continuation of the prompt, one token per forward, against speculative decoding
+   with seeded drafts (some cycles offer a run of the right tokens then a wrong one, some only wrong ones, some
+   all right ones: full, partial and no acceptance all happen, each followed by the rollback). The outputs must be
+   equal token for token. In a dtype other than float32 every forward of the reference is as wide as a verify
+   (validation's greedy gate, trainer/validation/report.py: rounding depends on shapes).
+
+A failure stops the job at prepare naming the layer, its kind and what differed (trainer/errors.py
+`TargetSelfTestFailed`, code `target_self_test_failed`); the result is recorded in prepare.json and in
+report.json's `target` (schemas/work_files.py `TargetSelfTest`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from schemas.work_files import TargetSelfTest
+from trainer.errors import TargetSelfTestFailed
+from trainer.targets.loading import Target
+
+PROMPT_TOKENS = 6
+NEW_TOKENS = 12
+BLOCK_SIZE = 4
+
+
+def _state_tensors(layer) -> dict[str, torch.Tensor]:
+    """What one cache layer holds, by name: keys and values, convolution and recurrent states."""
+    found: dict[str, torch.Tensor] = {}
+    for name in ("keys", "values"):
+        if isinstance(getattr(layer, name, None), torch.Tensor):
+            found[name] = getattr(layer, name)
+    for name in ("conv_states", "recurrent_states"):
+        for index, value in (getattr(layer, name, None) or {}).items():
+            if isinstance(value, torch.Tensor):
+                found[f"{name}[{index}]"] = value
+    return found
+
+
+def _trailing(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two tensors' common tail along the one dimension where their lengths differ (a window or a convolution
+    state may legitimately keep more of the past in one cache than in the other, never a different recent past)."""
+    if a.shape == b.shape or a.dim() != b.dim():
+        return a, b
+    differ = [d for d in range(a.dim()) if a.shape[d] != b.shape[d]]
+    if len(differ) != 1:
+        return a, b
+    keep = min(a.shape[differ[0]], b.shape[differ[0]])
+    return a.narrow(differ[0], a.shape[differ[0]] - keep, keep), b.narrow(differ[0], b.shape[differ[0]] - keep, keep)
+
+
+def first_differing_layer(expected, got) -> tuple[int, str] | None:
+    """(index, what differs) of the first cache layer whose contents differ, else None."""
+    for index, (want, have) in enumerate(zip(expected.layers, got.layers, strict=True)):
+        want_states, have_states = _state_tensors(want), _state_tensors(have)
+        if set(want_states) != set(have_states):
+            return index, f"holds {sorted(have_states)} where the target alone holds {sorted(want_states)}"
+        for name, value in want_states.items():
+            a, b = _trailing(value, have_states[name])
+            if a.shape != b.shape:
+                return index, f"its {name} has shape {tuple(b.shape)} against {tuple(a.shape)}"
+            if not torch.equal(a, b):
+                gap = float((a.float() - b.float()).abs().max())
+                return index, f"its {name} differs (largest difference {gap:.3g})"
+    return None
+
+
+@torch.inference_mode()
+def _rollback_check(target: Target, prompt: list[int], drafts: list[int]) -> tuple[int, str] | None:
+    device = target.device
+    ids, positions = torch.tensor([prompt], device=device), torch.arange(len(prompt), device=device)[None]
+    alone, tested = target.new_cache(), target.new_cache()
+    target.forward(ids, positions, cache=alone, logits_to_keep=1)
+    target.forward(ids, positions, cache=tested, logits_to_keep=1)
+    mark = target.mark(tested)
+    target.forward(torch.tensor([drafts], device=device),
+                   torch.arange(len(prompt), len(prompt) + len(drafts), device=device)[None], cache=tested)
+    target.rewind(tested, mark, [])
+    return first_differing_layer(alone, tested)
+
+
+@torch.inference_mode()
+def _greedy_alone(target: Target, prompt: list[int], new_tokens: int, width: int) -> list[int]:
+    """The target's greedy continuation, one token committed per forward, every forward `width` wide (the token,
+    then copies of it whose logits are dropped and whose cache entries are taken back)."""
+    cache, device = target.new_cache(), target.device
+    logits, _ = target.forward(torch.tensor([prompt], device=device), cache=cache, logits_to_keep=1)
+    tokens = [int(logits[0, -1].argmax())]
+    while len(tokens) < new_tokens:
+        start = len(prompt) + len(tokens) - 1
+        mark = target.mark(cache)
+        logits, _ = target.forward(torch.tensor([[tokens[-1]] * width], device=device),
+                                   torch.arange(start, start + width, device=device)[None], cache=cache)
+        target.rewind(cache, mark, tokens[-1:])
+        tokens.append(int(logits[0, 0].argmax()))
+    return tokens
+
+
+@torch.inference_mode()
+def _speculative(target: Target, prompt: list[int], reference: list[int], generator: torch.Generator
+                 ) -> tuple[list[int], int, int]:
+    """Greedy speculative decoding with seeded drafts: each cycle offers the next `right` tokens of the reference
+    (0 to the whole block, drawn) then wrong ones. Returns the tokens, the cycles and the drafts rejected."""
+    cache, device, vocab = target.new_cache(), target.device, target.vocab_size
+    logits, _ = target.forward(torch.tensor([prompt], device=device), cache=cache, logits_to_keep=1)
+    tokens, cycles, rejected = [int(logits[0, -1].argmax())], 0, 0
+    while len(tokens) < len(reference):
+        start = len(prompt) + len(tokens) - 1
+        right = int(torch.randint(0, BLOCK_SIZE, (1,), generator=generator))
+        drafts = list(reference[len(tokens):len(tokens) + right])
+        while len(drafts) < BLOCK_SIZE - 1:
+            drafts.append(int(torch.randint(0, vocab, (1,), generator=generator)))
+        block = [tokens[-1], *drafts]
+        mark = target.mark(cache)
+        logits, _ = target.forward(torch.tensor([block], device=device),
+                                   torch.arange(start, start + len(block), device=device)[None], cache=cache)
+        chosen = logits[0].argmax(-1).tolist()
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == chosen[accepted]:
+            accepted += 1
+        new = (drafts[:accepted] + [chosen[accepted]])[:len(reference) - len(tokens)]
+        target.rewind(cache, mark, block[:len(new)])
+        tokens += new
+        cycles, rejected = cycles + 1, rejected + len(drafts) - accepted
+    return tokens, cycles, rejected
+
+
+def run_self_test(target: Target, *, seed: int = 0, new_tokens: int = NEW_TOKENS) -> TargetSelfTest:
+    """The self-test's result (module docstring); never raises for a failed check (`require_passed` does)."""
+    started = time.perf_counter()
+    generator = torch.Generator().manual_seed(seed)
+    vocab = target.vocab_size
+    prompt = torch.randint(0, vocab, (PROMPT_TOKENS,), generator=generator).tolist()
+    drafts = torch.randint(0, vocab, (BLOCK_SIZE,), generator=generator).tolist()
+    contract = target.contract
+    width = 1 if target.dtype == torch.float32 else BLOCK_SIZE
+    result = TargetSelfTest(
+        passed=False, tokens=new_tokens, block_size=BLOCK_SIZE, seed=seed, dtype=str(target.dtype).removeprefix(
+            "torch."), reference="one token per forward" if width == 1 else f"every forward {width} tokens wide",
+        layer_kinds=contract.layer_kinds(), rollback_by_kind=contract.rollback_by_kind(),
+        rollback=target.rollback.value)
+    try:
+        differing = _rollback_check(target, prompt, drafts)
+        if differing is not None:
+            index, what = differing
+            layer = contract.layers[index]
+            rollback = "crop" if target.rollback.value == "crop" and layer.rollback == "replay" else layer.rollback
+            return _done(result, started, layer=index, layer_kind=layer.kind, reason=(
+                f"after a verify was taken back ({rollback}), layer {index} ({layer.kind}, cache "
+                f"{layer.cache_layer}) {what}: its cache does not go back to the state before the verify"))
+        expected = _greedy_alone(target, prompt, new_tokens, width)
+        got, cycles, rejected = _speculative(target, prompt, expected, generator)
+    except Exception as exc:  # any failure of the target's forward or cache under speculative decoding
+        return _done(result, started, reason=f"speculative decoding raised {type(exc).__name__}: {str(exc)[:300]}")
+    result.cycles, result.drafts_rejected = cycles, rejected
+    if got != expected:
+        at = next(i for i, (a, b) in enumerate(zip(expected, got, strict=True)) if a != b)
+        kinds = ", ".join(sorted({f"{layer.kind} ({layer.rollback})" for layer in contract.layers}))
+        return _done(result, started, reason=(
+            f"greedy speculative output differs from the target alone at token {at} ({got[at]} against "
+            f"{expected[at]}) though every cache layer went back exactly; layers: {kinds}"))
+    result.passed = True
+    return _done(result, started)
+
+
+def _done(result: TargetSelfTest, started: float, *, reason: str | None = None, layer: int | None = None,
+          layer_kind: str | None = None) -> TargetSelfTest:
+    result.failure, result.layer, result.layer_kind = reason, layer, layer_kind
+    result.seconds = round(time.perf_counter() - started, 3)
+    return result
+
+
+def require_passed(result: TargetSelfTest, model_type: str | None) -> None:
+    """Stops the job at prepare with what failed, for an architecture listed or not."""
+    if not result.passed:
+        raise TargetSelfTestFailed(f"target ({model_type}) failed the speculative-decoding self-test: "
+                                   f"{result.failure}. Its drafter could not be verified losslessly; nothing was "
+                                   "trained")
