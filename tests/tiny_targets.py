@@ -41,7 +41,8 @@ FAMILY_CONFIGS = {
 # Architectures in no table (trainer/targets/families.py), run on the contract read from the model and the
 # self-test alone: multi-head latent attention with a dense first layer, shared and routed experts (DeepSeek V3,
 # Kimi K2), GLM-4.5's MoE, LFM2's short convolutions beside full attention, Nemotron-H's Mamba-2 beside attention
-# and MLP-only layers (hybrid_override_pattern: M Mamba, * attention, - MLP, E experts).
+# and MLP-only layers (hybrid_override_pattern: M Mamba, * attention, - MLP, E experts), and Mamba alone (no
+# attention layer: the cache cannot count its tokens, the decoder does).
 _ROUTED = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_group": 1,
            "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1}
 UNLISTED_CONFIGS = {
@@ -55,6 +56,7 @@ UNLISTED_CONFIGS = {
                    {"hybrid_override_pattern": "M*M-ME", "n_routed_experts": 4, "num_experts_per_tok": 2,
                     "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32, "mamba_num_heads": 4,
                     "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2, "chunk_size": 8}),
+    "mamba": ("MambaConfig", "MambaForCausalLM", {"state_size": 8, "time_step_rank": 4}),
 }
 ARCH_CONFIGS.update(FAMILY_CONFIGS)
 ARCH_CONFIGS.update(UNLISTED_CONFIGS)

@@ -30,6 +30,7 @@ EXPECTED = {
     "glm4_moe": ({"full": 6}, {"full": "crop"}, True),
     "lfm2": ({"full": 2, "conv": 4}, {"conv": "crop", "full": "crop"}, False),  # a recorded conv state crops
     "nemotron_h": ({"full": 1, "linear": 3, "none": 2}, {"linear": "replay", "full": "crop", "none": "none"}, True),
+    "mamba": ({"linear": 6}, {"linear": "replay"}, False),  # no attention layer at all
 }
 
 
@@ -52,7 +53,8 @@ def test_the_contract_is_read_from_the_model_and_its_cache(unlisted):
         assert target.rollback is (Rollback.REPLAY if "replay" in rollback.values() else Rollback.CROP)
     # the final norm the LM head reads, whatever the architecture names it (the drafter's last tap)
     assert {arch: t.contract.final_norm for arch, t in unlisted.items()} == {
-        "deepseek_v3": "norm", "glm4_moe": "norm", "lfm2": "embedding_norm", "nemotron_h": "norm_f"}
+        "deepseek_v3": "norm", "glm4_moe": "norm", "lfm2": "embedding_norm", "nemotron_h": "norm_f",
+        "mamba": "norm_f"}
     assert unlisted["nemotron_h"].family["active_expert_fraction"] == 0.5
 
 
@@ -68,9 +70,11 @@ def test_each_unlisted_architecture_passes_the_self_test_and_decodes_losslessly(
             assert SpeculativeDecoder(target, drafter).generate(prompt, GREEDY, stop_token_ids=[]).tokens == expected
 
 
-def test_a_mamba_state_merely_cropped_fails_the_self_test_naming_the_layer(unlisted):
-    """The planted bug: Nemotron-H's Mamba-2 layers cropped like attention instead of restored and replayed."""
-    target = unlisted["nemotron_h"]
+@pytest.mark.parametrize("arch", ["nemotron_h", "mamba"])
+def test_a_mamba_state_merely_cropped_fails_the_self_test_naming_the_layer(unlisted, arch):
+    """The planted bug: Mamba (Nemotron-H's Mamba-2 layers, Mamba's own) cropped like attention instead of restored
+    and replayed."""
+    target = unlisted[arch]
     target.rollback = Rollback.CROP
     try:
         result = run_self_test(target)

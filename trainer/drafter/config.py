@@ -97,7 +97,13 @@ class DrafterConfig:
         """A drafter shaped for `target` (a trainer.targets.Target). Taps default to the reference rule
         with one tap per drafter layer, at least three (what released DFlash drafters use)."""
         config = target.config
-        head_dim = _global_setting(config, "head_dim") or config.hidden_size // config.num_attention_heads
+        # A target without attention (a pure state-space model: Mamba) has no heads to copy: the drafter's own
+        # attention gets Qwen3's shape, heads of 128 (64 below a hidden size of 128).
+        heads, kv_heads = (_global_setting(config, "num_attention_heads"),
+                           _global_setting(config, "num_key_value_heads"))
+        if not heads:
+            heads = kv_heads = max(1, config.hidden_size // (128 if config.hidden_size >= 128 else 64))
+        head_dim = _global_setting(config, "head_dim") or config.hidden_size // heads
         rope = _global_setting(config, "rope_parameters") or {}
         if "full_attention" in rope:  # per layer kind (Gemma): the drafter attends like the full layers
             rope = rope["full_attention"]
@@ -107,11 +113,12 @@ class DrafterConfig:
             overrides["draft_vocab_size"] = None  # a draft vocabulary as large as the vocabulary saves nothing
         return cls(
             variant=variant, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-            num_layers=num_layers, num_attention_heads=config.num_attention_heads,
-            num_key_value_heads=_global_setting(config, "num_key_value_heads"), head_dim=head_dim,
+            num_layers=num_layers, num_attention_heads=heads,
+            num_key_value_heads=kv_heads, head_dim=head_dim,
             rms_norm_eps=_norm_eps(config),
             rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
-            max_position_embeddings=config.max_position_embeddings, vocab_size=target.vocab_size,
+            max_position_embeddings=getattr(config, "max_position_embeddings", None) or 32768,
+            vocab_size=target.vocab_size,
             num_target_layers=target.num_layers, target_layer_ids=tuple(taps), block_size=block_size,
             mask_token_id=mask_token_id, target_fingerprint=target.fingerprint, **overrides,
         )

@@ -91,6 +91,19 @@ class Contract:
         return found
 
 
+def decoder_layers(model) -> tuple[torch.nn.ModuleList, str] | None:
+    """The decoder's list of layers and its name: `layers` in most architectures, `h` (GPT-2, BLOOM, StarCoder),
+    `blocks` (MPT), ...: the first module list under the decoder as long as the config's layer count (the longest,
+    when the config does not say). None: no list of layers, so nothing to tap."""
+    decoder = model.get_decoder()
+    count = getattr(model.config.get_text_config(decoder=True), "num_hidden_layers", None)
+    lists: list[tuple[str, torch.nn.ModuleList]] = [
+        (name, module) for name, module in decoder.named_modules()
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0]
+    found = [item for item in lists if len(item[1]) == count] or sorted(lists, key=lambda item: -len(item[1]))
+    return (found[0][1], found[0][0]) if found else None
+
+
 def kinds_from_config(text_config) -> list[str]:
     """Each decoder layer's kind from the layer types transformers builds the cache from."""
     from transformers.cache_utils import get_layer_types_and_kwargs
@@ -219,3 +232,25 @@ def trim_convolutions(cache, indices) -> None:
         layer = cache.layers[index]
         if is_linear(layer) and any(layer.is_conv_states_initialized.values()):
             layer.crop(0)
+
+
+LENGTH_ATTRIBUTE = "draftsmith_length"
+"""Where the decoder counts the tokens of a cache that cannot say (recurrent layers only: Mamba, RWKV-like)."""
+
+
+def counts_itself(cache) -> bool:
+    """Whether the cache can say how many tokens it holds: transformers reads that from an attention layer, and a
+    cache of recurrent layers only (a pure state-space model) has none."""
+    from transformers.cache_utils import CacheLayerMixin
+
+    return not cache.layers or any(isinstance(layer, CacheLayerMixin) for layer in cache.layers)
+
+
+def cache_length(cache) -> int:
+    return cache.get_seq_length() if counts_itself(cache) else getattr(cache, LENGTH_ATTRIBUTE, 0)
+
+
+def set_length(cache, length: int) -> None:
+    """Records the token count of a cache that cannot say it (a no-op for one that can)."""
+    if not counts_itself(cache):
+        setattr(cache, LENGTH_ATTRIBUTE, length)

@@ -30,7 +30,17 @@ from trainer.errors import (
     WeightsHeaderInvalid,
 )
 from trainer.targets.adapters import adapter_digest, merge_adapter, model_and_adapter
-from trainer.targets.contract import Contract, Rollback, read_contract, restore_layer, snapshot_layer, trim_convolutions
+from trainer.targets.contract import (
+    Contract,
+    Rollback,
+    cache_length,
+    decoder_layers,
+    read_contract,
+    restore_layer,
+    set_length,
+    snapshot_layer,
+    trim_convolutions,
+)
 from trainer.targets.families import describe_loaded
 from trainer.targets.preflight import (
     check_config_sizes,
@@ -277,7 +287,12 @@ class Target:
         self.adapter_path = adapter_path
         """The LoRA adapter folder merged into `model` (trainer/targets/adapters.py), else None."""
         self.config = model.config.get_text_config()
-        self.layers = model.get_decoder().layers
+        found = decoder_layers(model)  # the taps and the contract read the decoder's layers, whatever their name
+        if found is None:
+            raise TargetError(f"target {type(model).__name__}: its decoder ({type(model.get_decoder()).__name__}) "
+                              "holds no list of layers, so no layer can be tapped for the drafter: not a "
+                              "decoder-only architecture this pipeline reads")
+        self.layers = found[0]
         self.cache_argument = cache_argument(model)
         self._rollback: Rollback | None = None
 
@@ -352,16 +367,17 @@ class Target:
     def crop_cache(cache, length: int) -> None:
         """Drop cached tokens past `length`. Exact only for a target whose every layer keeps per-token keys and
         values (`Rollback.CROP`); one with a recurrent state is put back with `mark` and `rewind`."""
-        remove = cache.get_seq_length() - length
+        remove = cache_length(cache) - length
         if remove > 0:
             cache.crop(-remove)
+            set_length(cache, length)
 
     def mark(self, cache) -> CacheMark:
         """Where `cache` stands before a forward whose tail may be rejected: its length and, for a target with
         layers whose state no crop can recover (the contract's replay layers), a copy of those states."""
         if self.rollback is Rollback.CROP:
-            return CacheMark(cache.get_seq_length(), None)
-        return CacheMark(cache.get_seq_length(), {index: snapshot_layer(cache.layers[index])
+            return CacheMark(cache_length(cache), None)
+        return CacheMark(cache_length(cache), {index: snapshot_layer(cache.layers[index])
                                                   for index in self.contract.replay_layers})
 
     @torch.inference_mode()
@@ -374,13 +390,14 @@ class Target:
             self.crop_cache(cache, length)
             trim_convolutions(cache, self._croppable_convolutions)
             return
-        remove = cache.get_seq_length() - mark.length
-        if cache.get_seq_length() != length:  # a token was rejected: back to the mark, then the kept ones again
+        remove = cache_length(cache) - mark.length
+        if cache_length(cache) != length:  # a token was rejected: back to the mark, then the kept ones again
             for index, layer in enumerate(cache.layers):
                 if remove > 0 and not (index in mark.states and mark.states[index].whole):
                     layer.crop(-remove)  # a layer copied whole is not asked to crop: its crop may be the problem
                 if index in mark.states:
                     cache.layers[index] = restore_layer(layer, mark.states[index])
+            set_length(cache, mark.length)
             if kept:
                 positions = torch.arange(mark.length, length, device=self.device)[None]
                 self.forward(torch.tensor([kept], device=self.device), positions, cache=cache, logits_to_keep=1)
@@ -396,11 +413,14 @@ class Target:
                 tap_layer_ids: list[int] | None = None, logits_to_keep: int = 0,
                 attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits and, if asked, the concatenated outputs of the tapped layers (HF hidden_states[id + 1])."""
+        seen = None if cache is None else cache_length(cache)
         with self.capture_taps(tap_layer_ids) as taps:
             output = self.model(
                 input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                 use_cache=cache is not None, logits_to_keep=logits_to_keep, **{self.cache_argument: cache},
             )
+        if seen is not None:
+            set_length(cache, seen + input_ids.shape[1])  # a cache of recurrent layers only is counted here
         # A target split over GPUs leaves each tap on its layer's GPU: gathered where the inputs are (a no-op when
         # they are all there already).
         return output.logits, (torch.cat([t.to(input_ids.device) for t in taps], dim=-1) if tap_layer_ids else None)
