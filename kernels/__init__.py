@@ -4,6 +4,6 @@ the reference. tests/kernels/test_triton_kernels.py checks each kernel against i
 interpreter; bench/kernel_bench.py times them."""
 
 from kernels.dynamic_conv import grouped_dynamic_conv
-from kernels.selector import edge_scores, selector_walk
+from kernels.selector import edge_scores, selector_top_probability, selector_walk
 
-__all__ = ["edge_scores", "grouped_dynamic_conv", "selector_walk"]
+__all__ = ["edge_scores", "grouped_dynamic_conv", "selector_top_probability", "selector_walk"]

@@ -79,3 +79,26 @@ def selector_walk(
         predecessor = candidates[:, position].gather(-1, index[:, None])[:, 0]
         path.append(predecessor)
     return torch.stack(path, dim=1), candidates, torch.stack(proposals, dim=1) if proposals else None
+
+
+def selector_top_probability(
+    logits: torch.Tensor,
+    projected_hidden: torch.Tensor,
+    anchor_ids: torch.Tensor,
+    path: torch.Tensor,
+    predecessor_codebook: torch.Tensor,
+    successor_codebook: torch.Tensor,
+    top_k: int,
+    vocab_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The selector's top-1 probability at every position of a walked `path` (batch, L): max_b softmax(S_t(a, b))
+    at temperature 1, a being the token the walk chose before t (the anchor at t = 0). It is the drafter's
+    confidence score: it depends on the predecessor and the hidden state, never on the token drawn at t itself, so
+    a verify length chosen from the scores up to t does not look at the draft it decides about (trainer/speculative.py
+    relies on that for exact sampling). At T = 0 it is the chosen candidate's probability. Returns (batch, L)."""
+    unary, candidates = torch.topk(logits, top_k, dim=-1, sorted=False)
+    if vocab_ids is not None:
+        candidates = vocab_ids[candidates]
+    predecessors = torch.cat([anchor_ids[:, None], path[:, :-1]], dim=1)
+    scores = edge_scores(unary, candidates, projected_hidden, predecessors, predecessor_codebook, successor_codebook)
+    return torch.softmax(scores.float(), dim=-1).amax(dim=-1)

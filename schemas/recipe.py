@@ -100,6 +100,12 @@ SAMPLING_DRAWS = 300
 """Draws of the speculative-sampling test, split evenly over its prompts."""
 SAMPLING_PROMPTS = 6
 """Validation prompts the sampling test draws from (the first ones: one per category of the built-in set)."""
+CONFIDENCE_BINS = 10
+"""Equal-width bins of predicted acceptance over which validation's expected calibration error is read (the usual
+ECE; 10 keeps a few hundred held-out positions per bin at the CPU defaults)."""
+CONFIDENCE_MAX_KNOTS = 32
+"""Most knots of a drafter's shipped confidence map (config.json `draftsmith.confidence`): isotonic regression can
+leave one step per distinct score; adjacent steps are pooled, by weight, down to this many."""
 
 # --- The GPU preset: the published DFlash recipe, scaled to a budget -------------------------------
 # schemas/presets.py `choose_preset` lays these under what a user gives (`draftsmith run --preset gpu`); every

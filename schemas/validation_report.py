@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
+from schemas.confidence import ConfidenceFigures
 from schemas.work_files import LenientModel, TargetSelfTest
 
 REPORT_VERSION = 1
@@ -442,6 +443,8 @@ class ValidationReport(_Part):
                                              "every tau here was measured in: the one the target serves in.")
     warm_start: WarmStart | None = None
     engines: EngineFigures | None = None
+    confidence: ConfidenceFigures | None = Field(default=None, description="The drafter's calibrated confidence "
+                                                 "(schemas/confidence.py) and the adaptive-length row.")
 
     # `read` (a report from report.json's object, or None: an empty one) and `load` (a report.json file) are the
     # work files' lenient reader (schemas/work_files.py LenientModel), one rule for every file a stage leaves.

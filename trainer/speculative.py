@@ -6,6 +6,11 @@ acceptance counting, same stop handling), so both give identical tokens and acce
 mode. Without a drafter (or with block size 1) the same loop is plain autoregressive decoding of the
 target, which is what losslessness is checked against; with `verify_width` it is the same decoding with every
 forward as wide as a verify (the reference of the greedy check on bfloat16 targets, trainer/validation/report.py).
+
+With `verify_length` (trainer/confidence.py `VerifyLength`) the drafter still drafts the whole block, and the cycle
+verifies only the drafts whose calibrated acceptance pays for their verify cost: a confidence-driven draft length.
+It stays lossless at T = 0 (a shorter block is still verified against the target's argmax) and exact under sampling
+(`generate`'s comment says why).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from schemas.sampling import SamplingParams
+from trainer.confidence import VerifyLength
 from trainer.device import synchronize
 from trainer.drafter.model import Drafter, DrafterCache
 from trainer.sampling import filtered_probs, rejection_sample, sample, target_probs
@@ -37,6 +43,9 @@ class Cycle:
     """Index in the generated tokens of the cycle's anchor; drafts k = 1.. stand for anchor_index + k."""
     candidates: tuple[tuple[int, ...], ...] | None = None
     """With record_candidates: the drafter's top-K tokens at every drafted position (for oracle tau)."""
+    scores: tuple[float, ...] | None = None
+    """With record_scores or verify_length: the drafter's confidence score at every drafted position, offered or not
+    (`Drafter.confidence`); a confidence map is fitted on (score, accepted) of the positions a cycle reached."""
 
 
 @dataclass
@@ -73,8 +82,11 @@ class Prefill:
 
 class SpeculativeDecoder:
     def __init__(self, target: Target, drafter: Drafter | None = None, block_size: int | None = None,
-                 record_candidates: bool = False, use_draft_vocab: bool = True, verify_width: int = 1):
+                 record_candidates: bool = False, use_draft_vocab: bool = True, verify_width: int = 1,
+                 record_scores: bool = False, verify_length: VerifyLength | None = None):
         self.target = target
+        self.record_scores = record_scores or verify_length is not None
+        self.verify_length = verify_length
         # The least width of every target forward (the block, or the token, then copies of its first token whose
         # logits are dropped and whose cache entries are cropped), so the target alone runs at a verify's shapes
         # and a verify near the end of the answer keeps its full width.
@@ -134,10 +146,11 @@ class SpeculativeDecoder:
         stopped = tokens[start] in stop
         while start + 1 < max_length and not stopped:
             verify = min(self.block_size, max_length - start)
-            block, proposal, candidates = [tokens[start]], None, None
-            if verify > 1:
-                drafts, proposal, candidates = self._draft(tokens[start], start, verify, context, context_start,
-                                                           drafter_cache, params, generator)
+            drafting = verify > 1  # the drafter ran: its context must follow the committed tokens
+            block, proposal, candidates, scores = [tokens[start]], None, None, None
+            if drafting:
+                drafts, proposal, candidates, scores, verify = self._draft_verified(
+                    tokens[start], start, verify, context, context_start, drafter_cache, params, generator)
                 block += drafts
             # Every forward at least `verify_width` wide to the end of the answer, as a served verify is: bfloat16
             # rounding depends on the width, so neither decoder may narrow where the other does not.
@@ -145,7 +158,7 @@ class SpeculativeDecoder:
             mark = target.mark(target_cache)
             logits, taps_out = target.forward(
                 torch.tensor([block + block[:1] * (width - len(block))], device=device), self._positions(start, width),
-                cache=target_cache, tap_layer_ids=taps if verify > 1 else None,
+                cache=target_cache, tap_layer_ids=taps if drafting else None,
             )
             accepted, bonus = self._verify(block, logits[0, :len(block)], proposal, params, generator)
             new_tokens = (block[1:1 + accepted] + [bonus])[:max_length - start - 1]
@@ -156,8 +169,8 @@ class SpeculativeDecoder:
             tokens.extend(new_tokens)
             result.cycles.append(Cycle(offered=verify - 1, accepted=accepted, emitted=len(new_tokens),
                                        anchor_index=start - prompt_len,
-                                       candidates=candidates))
-            if verify > 1:
+                                       candidates=candidates, scores=scores))
+            if drafting:
                 # Features of the committed tokens (anchor and accepted drafts) become new drafter context.
                 context, context_start = taps_out[:, :len(new_tokens)], start
             # The cache keeps the anchor and the accepted drafts; a recurrent state is put back exactly.
@@ -181,11 +194,40 @@ class SpeculativeDecoder:
             return int(logits.argmax())
         return int(sample(target_probs(logits, params), generator))
 
+    def _draft_verified(self, anchor: int, start: int, verify: int, context: torch.Tensor, context_start: int,
+                        cache: DrafterCache, params: SamplingParams, generator):
+        """Draft a block of `verify` and keep the drafts this cycle verifies: (drafts, proposal, candidates, scores,
+        the verify length, anchor included). All of them, unless the decoder has a `verify_length`."""
+        if not self.record_scores:
+            drafts, proposal, candidates = self._draft(anchor, start, verify, context, context_start, cache, params,
+                                                       generator)
+            return drafts, proposal, candidates, None, verify
+        drafts, proposal, candidates, scores = self._draft_scored(anchor, start, verify, context, context_start,
+                                                                  cache, params, generator)
+        if self.verify_length is None:
+            return drafts, proposal, candidates, scores, verify
+        # Exact under sampling: the rule stops before draft k+1 from the scores of positions 1..k+1, and the score
+        # at k+1 reads only drafts 1..k (its predecessor), never draft k+1 itself, nor any target logit. So whether
+        # draft k+1 is verified is decided before it is drawn, as far as its distribution goes: given drafts 1..k,
+        # draft k+1 is still a draw from q, and position k+1 yields the target's p whether it is offered (rejection
+        # sampling) or not (the bonus token, drawn from p). A rule that read a later position's score, or the drawn
+        # token's own probability, would select drafts by their value and bias the output.
+        offered = self.verify_length.choose(scores)
+        return (drafts[:offered], None if proposal is None else proposal[:offered],
+                candidates and candidates[:offered], scores, offered + 1)
+
     def _draft(self, anchor: int, start: int, verify: int, context: torch.Tensor, context_start: int,
                cache: DrafterCache, params: SamplingParams, generator):
         """Draft verify - 1 tokens: (drafts, their proposal distributions or None when greedy,
         the top-K candidates per position when recording them)."""
+        return self._draft_scored(anchor, start, verify, context, context_start, cache, params, generator,
+                                  scored=False)[:3]
+
+    def _draft_scored(self, anchor: int, start: int, verify: int, context: torch.Tensor, context_start: int,
+                      cache: DrafterCache, params: SamplingParams, generator, scored: bool = True):
+        """`_draft`'s three, and the drafts' confidence scores (a tuple, None when not `scored`)."""
         target, drafter = self.target, self.drafter
+        assert drafter is not None  # the constructor refuses a block size over 1 without one
         block_ids = torch.full((1, verify), drafter.config.mask_token_id, device=target.device)
         block_ids[0, 0] = anchor
         hidden = drafter(
@@ -199,22 +241,24 @@ class SpeculativeDecoder:
             indices = logits[0].topk(drafter.config.selector_top_k, dim=-1).indices
             top_k = tuple(map(tuple, (indices if vocab is None else vocab[indices]).tolist()))
         full_vocab = target.vocab_size
+        anchor_ids = block_ids[:, 0]
         if drafter.candidate_selector is not None:
-            anchor_ids = block_ids[:, 0]
             drafts, candidates, q = drafter.propose(hidden, logits, anchor_ids, params.temperature, generator, vocab)
+            scores = drafter.confidence(hidden, logits, anchor_ids, drafts, vocab) if scored else None
             if q is not None:
                 q = torch.zeros(q.shape[1], full_vocab, dtype=q.dtype, device=q.device).scatter(-1, candidates[0], q[0])
-            return drafts[0].tolist(), q, top_k
+            return drafts[0].tolist(), q, top_k, _scores(scores)
+        scores = drafter.confidence(hidden, logits, anchor_ids, logits.argmax(-1)) if scored else None
         if params.greedy:
             drafts = logits[0].argmax(-1)
-            return (drafts if vocab is None else vocab[drafts]).tolist(), None, top_k
+            return (drafts if vocab is None else vocab[drafts]).tolist(), None, top_k, _scores(scores)
         q = filtered_probs(logits[0], params.temperature, params.top_p, params.top_k)
         drafts = sample(q, generator)
         if vocab is None:
-            return drafts.tolist(), q, top_k
+            return drafts.tolist(), q, top_k, _scores(scores)
         # A proposal over the draft vocabulary is a proposal over the whole one that is 0 elsewhere.
         q = torch.zeros(q.shape[0], full_vocab, dtype=q.dtype, device=q.device).index_copy(-1, vocab, q)
-        return vocab[drafts].tolist(), q, top_k
+        return vocab[drafts].tolist(), q, top_k, _scores(scores)
 
     def _verify(self, block: list[int], logits: torch.Tensor, proposal, params: SamplingParams,
                 generator) -> tuple[int, int]:
@@ -228,3 +272,7 @@ class SpeculativeDecoder:
         if len(block) == 1:
             return 0, int(sample(p[0], generator))
         return rejection_sample(drafts, p, proposal, generator)
+
+
+def _scores(scores: torch.Tensor | None) -> tuple[float, ...] | None:
+    return None if scores is None else tuple(scores[0].tolist())

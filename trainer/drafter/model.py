@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from kernels import edge_scores, grouped_dynamic_conv, selector_walk
+from kernels import edge_scores, grouped_dynamic_conv, selector_top_probability, selector_walk
 from trainer.drafter.attention import attention_bias, attention_dtype, masked_attention
 from trainer.drafter.config import DrafterConfig
 
@@ -260,4 +260,18 @@ class Drafter(nn.Module):
         return selector_walk(
             logits, selector.hidden_projection(hidden), anchor_ids, selector.predecessor_codebook.weight,
             selector.successor_codebook.weight, selector.top_k, temperature, generator, vocab_ids,
+        )
+
+    def confidence(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor, path: torch.Tensor,
+                   vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The per-position score a confidence map calibrates (trainer/validation/confidence.py), (b, L): DFlash 2,
+        the selector's top-1 probability after the walked predecessor; DFlash, the top-1 probability of the drafter's
+        own distribution (at T = 0 both are the draft's probability). Top-1, not the drawn token's: a score that
+        never reads the token drawn at its position keeps a verify length chosen from it exact under sampling."""
+        selector = self.candidate_selector
+        if selector is None:
+            return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+        return selector_top_probability(
+            logits, selector.hidden_projection(hidden), anchor_ids, path, selector.predecessor_codebook.weight,
+            selector.successor_codebook.weight, selector.top_k, vocab_ids,
         )

@@ -58,8 +58,10 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "manifest.json").unlink(missing_ok=True)  # the directory is unfinished until it is rewritten
 
+    confidence = report.confidence.map if report is not None and report.confidence is not None else None
     no_gguf = write_engine_drafters(drafter_dir, drafter.draft_vocab, target, out_dir,
-                                    recommended_block_size=report.recommended_block_size if report else None)
+                                    recommended_block_size=report.recommended_block_size if report else None,
+                                    confidence=None if confidence is None else confidence.to_json())
     ship_adapter(drafter_dir, out_dir, report)
     if report is not None:
         atomic_write_json(out_dir / "report.json", report.to_json())
@@ -102,7 +104,8 @@ def write_report_html(out_dir: str | Path, report: ValidationReport | Mapping | 
 
 
 def write_engine_drafters(drafter_dir: Path, draft_vocab, target: Target, out_dir: Path, *,
-                          recommended_block_size: int | None = None, ggufs: tuple[str, ...] = GGUF_TYPES) -> str | None:
+                          recommended_block_size: int | None = None, ggufs: tuple[str, ...] = GGUF_TYPES,
+                          confidence: dict | None = None) -> str | None:
     """The drafter folders and GGUFs the engines load (also what validation's engine step runs,
     trainer/validation/engines.py): drafter/, gguf/drafter-{ggufs}.gguf and, with a draft vocabulary,
     drafter-d2t/ and (when q8_0 is among `ggufs`) the d2t GGUF. Returns why no GGUF was written (the target's
@@ -111,6 +114,10 @@ def write_engine_drafters(drafter_dir: Path, draft_vocab, target: Target, out_di
     if recommended_block_size:
         # `draftsmith decode` (and anyone reading config.json) then drafts at the length validation measured best.
         config.setdefault("draftsmith", {})["recommended_block_size"] = recommended_block_size
+    if confidence:
+        # No engine reads a calibrated map (docs/CONFIDENCE.md): it ships under our own key, for our decoder and
+        # for anyone sizing verification from the drafter's score.
+        config.setdefault("draftsmith", {})["confidence"] = confidence
     staged = out_dir / REFERENCE_DIR
     staged.mkdir(parents=True, exist_ok=True)
     _reference_weights(Path(drafter_dir) / "model.safetensors", staged / "model.safetensors")

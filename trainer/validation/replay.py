@@ -56,6 +56,17 @@ def greedy_references(target: Target, prompts: list[Prompt], params: SamplingPar
     return references
 
 
+@torch.inference_mode()
+def reference_of(target: Target, prompt: Prompt, ids: list[int], response: list[int], max_new_tokens: int,
+                 tap_layer_ids: list[int]) -> GreedyReference:
+    """The replay reference of a known greedy `response` to `ids`: one target forward over both for the taps."""
+    _, context = target.forward(torch.tensor([ids + response], device=target.device), tap_layer_ids=tap_layer_ids,
+                                logits_to_keep=1)  # the taps are all a replay reads
+    assert context is not None  # taps were asked for
+    return GreedyReference(prompt.id, prompt.category, len(ids), ids + response, max_new_tokens,
+                           context[0].float().cpu(), tuple(tap_layer_ids))
+
+
 def save_references(references: list[GreedyReference], path: str | Path) -> None:
     import json
 
@@ -100,8 +111,9 @@ def replay_greedy(target: Target, drafter: Drafter, reference: GreedyReference, 
     stopped = tokens[start] in stop
     while start + 1 < max_length and not stopped:
         verify = min(block, max_length - start)
-        drafts, _, candidates = decoder._draft(tokens[start], start, verify, context, context_start, cache,
-                                               greedy, None)
+        # The decoder's own drafting, its confidence-driven length (verify_length) included.
+        drafts, _, candidates, scores, verify = decoder._draft_verified(tokens[start], start, verify, context,
+                                                                        context_start, cache, greedy, None)
         truth = tokens[start + 1:start + verify]
         accepted = 0
         while accepted < len(truth) and drafts[accepted] == truth[accepted]:
@@ -113,7 +125,7 @@ def replay_greedy(target: Target, drafter: Drafter, reference: GreedyReference, 
                 new_tokens, stopped = new_tokens[:index + 1], True
                 break
         cycles.append(Cycle(offered=verify - 1, accepted=accepted, emitted=len(new_tokens),
-                            anchor_index=start - reference.prompt_len, candidates=candidates))
+                            anchor_index=start - reference.prompt_len, candidates=candidates, scores=scores))
         context, context_start = taps[:, start:start + len(new_tokens)], start
         start += len(new_tokens)
     return cycles

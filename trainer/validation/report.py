@@ -9,7 +9,9 @@ defaults), and proportional to the job's validation settings:
    it with the real decoder at their own temperature, top-p and top-k (trainer/validation/sampled_acceptance.py),
    and their headline figures are those; a greedy job's figure at its own temperature is the T=0 one, measured
    once. Both go into report.json (`tau_greedy`, `tau_sampled`) with a 95 % bootstrap interval over prompts.
-2. The draft and verify costs of every draft length, with the acceptance, give the recommended length.
+2. The draft and verify costs of every draft length, with the acceptance, give the recommended length. The T=0
+   replay's (score, accepted) pairs give the drafter's calibrated confidence, and the adaptive length is replayed
+   against that length (trainer/validation/confidence_report.py: report.json `confidence`).
 3. On a timed subset (a third of the prompts, one per category at the defaults), each prompt is decoded at
    batch 1 by the target alone and then speculatively at that length, back to back, so both see the same
    machine load: the measured speedup, with a bootstrap interval over those prompts. The speculative output
@@ -64,7 +66,8 @@ from trainer.validation import (
     served_prompt_ids,
 )
 from trainer.validation.acceptance import AcceptanceStats, CategoryStats
-from trainer.validation.replay import GreedyReference, replay_greedy
+from trainer.validation.confidence_report import confidence_figures
+from trainer.validation.replay import reference_of, replay_greedy
 from trainer.validation.sampled_acceptance import (
     GREEDY_REPLAY,
     SPECULATIVE_SAMPLING,
@@ -170,10 +173,9 @@ def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: Sa
     overall: AcceptanceStats = (stats := (at_job or at_zero).stats).overall  # headline: at the job's parameters
     costs = measure_step_costs(target, drafter, rendered[0],
                                on_each=lambda: progress.step(detail="draft and verify cost per block size"))
-    expected_tau = {b: round(overall.expected_tau(b), 4) for b in range(2, block_size + 1)}
-    speedups = {b: expected_tau[b] * costs["verify"][1] / (costs["draft"][b] + costs["verify"][b])
-                for b in expected_tau}
-    recommended = max(speedups, key=speedups.get)
+    expected_tau, speedups, recommended = recommend_block_size(overall, costs, block_size)
+    confidence = confidence_figures(target, drafter, prompts, rendered, references, at_zero, costs, recommended,
+                                    max_new_tokens)
 
     gate = greedy_gate(target, recommended, gated, every_prompt)
     served = SpeculativeDecoder(target, drafter, block_size=recommended, verify_width=gate["verify_width"])
@@ -222,7 +224,16 @@ def validate(target: Target, drafter: Drafter, prompts: list[Prompt], params: Sa
         greedy_gate=gate,
         serving_mode=ServingMode.of(params.model_dump(mode="json"), RENDERED_BY),
         **({} if parent_figures is None else {"warm_start": parent_figures}),
+        **({} if confidence is None else {"confidence": confidence}),
     )
+
+
+def recommend_block_size(overall: AcceptanceStats, costs: dict, block_size: int) -> tuple[dict, dict, int]:
+    """(expected tau by block size, the speedup each implies at the measured step costs, the best block size)."""
+    expected_tau = {b: round(overall.expected_tau(b), 4) for b in range(2, block_size + 1)}
+    speedups = {b: expected_tau[b] * costs["verify"][1] / (costs["draft"][b] + costs["verify"][b])
+                for b in expected_tau}
+    return expected_tau, speedups, max(speedups, key=speedups.get)
 
 
 def before_and_after(target: Target, parent: Drafter, prompts: list[Prompt], rendered: list[list[int]],
@@ -271,14 +282,10 @@ def measure_acceptance(target: Target, drafter: Drafter, prompts: list[Prompt], 
     and decodes no target token (validation_plan's token counts hold)."""
     progress = progress or _Progress(len(prompts) * 2, None)
     greedy = MeasuredAcceptance(CategoryStats(drafter.config.block_size))
-    decoder = SpeculativeDecoder(target, drafter, record_candidates=True)
+    decoder = SpeculativeDecoder(target, drafter, record_candidates=True, record_scores=True)  # scores: the map's
     taps = list(drafter.config.target_layer_ids)
     for index, (prompt, ids, response) in enumerate(zip(prompts, rendered, references, strict=True)):
-        with torch.inference_mode():
-            _, context = target.forward(torch.tensor([ids + response], device=target.device), tap_layer_ids=taps,
-                                        logits_to_keep=1)  # the taps are all a replay reads
-        reference = GreedyReference(prompt.id, prompt.category, len(ids), ids + response, max_new_tokens,
-                                    context[0].float().cpu(), tuple(taps))
+        reference = reference_of(target, prompt, ids, response, max_new_tokens, taps)
         greedy.add(prompt.category, response, replay_greedy(target, drafter, reference, decoder=decoder))
         progress.step(detail=f"{who} at T=0 on {index + 1}/{len(prompts)} prompts")
     if params.greedy:

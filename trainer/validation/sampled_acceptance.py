@@ -22,6 +22,7 @@ import torch
 
 from schemas.sampling import SamplingParams
 from trainer.bootstrap import bootstrap_interval, paired_ratio_interval
+from trainer.confidence import acceptance_pairs
 from trainer.data.prompts import Prompt
 from trainer.drafter.model import Drafter
 from trainer.sampling import seeded_generator
@@ -41,10 +42,14 @@ class MeasuredAcceptance:
 
     stats: CategoryStats
     per_prompt: list[tuple[int, int]] = field(default_factory=list)
+    confidence_pairs: list[tuple[list[float], list[bool]]] = field(default_factory=list)
+    """Per prompt, the (score, accepted) pairs of the positions its cycles reached (trainer/confidence.py
+    `acceptance_pairs`; empty where the cycles carry no scores): what a confidence map is fitted on."""
 
     def add(self, category: str, tokens: list[int], cycles: list) -> None:
         self.stats.add(category, tokens, cycles)
         self.per_prompt.append((sum(c.emitted for c in cycles), len(cycles)))
+        self.confidence_pairs.append(acceptance_pairs(cycles))
 
     @property
     def tau(self) -> float:
