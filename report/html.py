@@ -153,6 +153,30 @@ def _warm_start_section(report: ValidationReport) -> str:
 <th>ratio new / parent [95 %, paired]</th></tr></thead><tbody>{body}</tbody></table>"""
 
 
+def _confidence_section(report: ValidationReport) -> str:
+    """The drafter's calibrated confidence (report.json `confidence`) and the adaptive draft length's row."""
+    confidence = report.confidence
+    if confidence is None:
+        return ""
+    rows = [("score", _e(confidence.score)), ("positions (reached, held out)", _num(confidence.positions, 0)),
+            ("AUC", _num(confidence.auc)), ("expected calibration error (held-out halves)", _num(confidence.ece)),
+            ("the raw score's calibration error", _num(confidence.ece_uncalibrated))]
+    row = confidence.adaptive_length
+    if row is not None:
+        def ratio(value, interval) -> str:
+            return f"{_num(value)}× [{', '.join(_num(v) for v in interval or [])}]"
+
+        rows += [(f"adaptive length: τ against the fixed block of {_e(row.fixed_block_size)}",
+                  f"{_num(row.tau)} / {_num(row.tau_fixed)} = {ratio(row.tau_ratio, row.tau_ratio_ci95)}"),
+                 ("adaptive length: tokens/s ratio (from step costs)", ratio(row.speed_ratio, row.speed_ratio_ci95)),
+                 ("adaptive length: drafts verified per cycle", _num(row.mean_verified_drafts))]
+    body = "\n".join(f'<tr><th scope="row">{_e(k)}</th><td>{v}</td></tr>' for k, v in rows)
+    return f"""<h2>Confidence</h2>
+<p>The drafter's score, calibrated to the probability that the target accepts a position (shipped in config.json
+as <code>draftsmith.confidence</code>), and the draft length it drives.</p>
+<table class="facts" id="confidence"><tbody>{body}</tbody></table>"""
+
+
 def _serving_mode(report: ValidationReport) -> str:
     mode = report.serving_mode
     if mode is None:
@@ -300,6 +324,7 @@ Written by <code>draftsmith export</code>; opens offline.</p></header>
 <table class="facts"><tbody>{_lossless(typed)}</tbody></table>
 <h2>Speed</h2>
 <div class="grid"><div id="speedup-block"></div></div>
+{_confidence_section(typed)}
 <h2>Serving engines</h2>
 {engine_html(typed.engines)}
 <h2>Training</h2>

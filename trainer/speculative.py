@@ -10,7 +10,7 @@ forward as wide as a verify (the reference of the greedy check on bfloat16 targe
 With `verify_length` (trainer/confidence.py `VerifyLength`) the drafter still drafts the whole block, and the cycle
 verifies only the drafts whose calibrated acceptance pays for their verify cost: a confidence-driven draft length.
 It stays lossless at T = 0 (a shorter block is still verified against the target's argmax) and exact under sampling
-(`generate`'s comment says why).
+(`_draft_verified`'s comment says why).
 """
 
 from __future__ import annotations

@@ -183,3 +183,7 @@ def test_validation_reports_the_confidence_and_export_ships_the_map(tiny_qwen3, 
                           confidence=confidence.map.to_json())
     shipped = json.loads((tmp_path / "out" / "drafter" / "config.json").read_text())["draftsmith"]["confidence"]
     assert shipped["score"] == confidence.map.score and "isotonic" in shipped["method"]
+    from report.html import render_report_html
+
+    page = render_report_html(report, [])
+    assert 'id="confidence"' in page and "adaptive length" in page
