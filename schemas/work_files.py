@@ -141,6 +141,8 @@ class TargetSelfTest(LenientModel):
     seed: int | None = None
     dtype: str | None = None
     reference: str | None = Field(default=None, description="The target alone's decode compared against.")
+    near_tie: dict[str, Any] | None = Field(default=None, description="Outside float32: where the outputs first "
+                                            "differed by a rounding tie (validation's rule), not a failure.")
     layer_kinds: dict[str, int] | None = Field(default=None, description="Decoder layers per kind, read from "
                                                "the model (trainer/targets/contract.py).")
     rollback_by_kind: dict[str, str] | None = Field(default=None, description="Each kind's rollback: crop, "

@@ -133,3 +133,18 @@ def test_the_self_test_is_cheap_and_seeded(unlisted):
     first, again = run_self_test(target, seed=3), run_self_test(target, seed=3)
     assert (first.cycles, first.drafts_rejected) == (again.cycles, again.drafts_rejected)
     assert first.tokens == 12 and first.block_size == 4 and torch.get_default_dtype() == torch.float32
+
+
+def test_in_bfloat16_a_rounding_tie_is_recorded_not_refused_and_a_planted_crop_still_fails(unlisted_dirs, tmp_path):
+    """Outside float32 the reference runs at a verify's width and validation's near-tie rule applies: a first
+    difference whose two logits are within the dtype's resolution is recorded as a tie (seed 1 here has one),
+    while a stateful layer merely cropped still fails exactly as in float32."""
+    llama = load_target(make_tiny_target(tmp_path / "llama", "llama"), dtype=torch.bfloat16)
+    tied = run_self_test(llama, seed=1)
+    assert tied.passed and tied.near_tie is not None and tied.reference == "every forward 4 tokens wide"
+    assert tied.near_tie["logit_gap"] <= 2 * tied.near_tie["resolution"]
+    hybrid = load_target(unlisted_dirs["nemotron_h"], dtype=torch.bfloat16)
+    assert run_self_test(hybrid).passed
+    hybrid.rollback = Rollback.CROP
+    planted = run_self_test(hybrid)
+    assert not planted.passed and planted.layer_kind == "linear" and planted.near_tie is None
