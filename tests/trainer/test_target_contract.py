@@ -148,3 +148,22 @@ def test_in_bfloat16_a_rounding_tie_is_recorded_not_refused_and_a_planted_crop_s
     hybrid.rollback = Rollback.CROP
     planted = run_self_test(hybrid)
     assert not planted.passed and planted.layer_kind == "linear" and planted.near_tie is None
+
+
+def test_a_gpt2_shaped_target_is_read_from_its_own_names():
+    """GPT-2's decoder keeps its layers under `h` and its final norm as `ln_f`, and its config has no grouped-query
+    or MLP-width setting: the contract finds both by what they are, the self-test passes, and the drafter's shape
+    falls back to one key/value head per head and Qwen3's MLP ratio."""
+    import transformers
+
+    from trainer.drafter import DrafterConfig
+    from trainer.targets.loading import Target
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=64, n_layer=4, n_head=4, vocab_size=256, n_positions=256)
+    target = Target(transformers.GPT2LMHeadModel(config).eval().requires_grad_(False), tokenizer=None)
+    target.__dict__["fingerprint"] = "sha256:test"  # no tokenizer to fingerprint here
+    assert target.contract.final_norm == "ln_f" and target.num_layers == 4 and target.contract.tied_head
+    assert run_self_test(target).passed
+    shape = DrafterConfig.for_target(target, mask_token_id=5, num_layers=1, block_size=4)
+    assert (shape.num_attention_heads, shape.num_key_value_heads, shape.intermediate_size) == (4, 4, 192)

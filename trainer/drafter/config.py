@@ -103,16 +103,17 @@ class DrafterConfig:
                            _global_setting(config, "num_key_value_heads"))
         if not heads:
             heads = kv_heads = max(1, config.hidden_size // (128 if config.hidden_size >= 128 else 64))
+        kv_heads = kv_heads or heads  # no grouped-query setting (GPT-2, OPT, RoBERTa): one key/value head per head
         head_dim = _global_setting(config, "head_dim") or config.hidden_size // heads
         rope = _global_setting(config, "rope_parameters") or {}
         if "full_attention" in rope:  # per layer kind (Gemma): the drafter attends like the full layers
-            rope = rope["full_attention"]
+            rope = rope["full_attention"] or {}  # (None where the full layers use no rotary embedding)
         taps = target_layer_ids or (build_target_layer_ids(target.num_layers, num_taps) if num_taps
                                     else default_target_layer_ids(target.num_layers, num_layers))
         if overrides.get("draft_vocab_size") and overrides["draft_vocab_size"] >= target.vocab_size:
             overrides["draft_vocab_size"] = None  # a draft vocabulary as large as the vocabulary saves nothing
         return cls(
-            variant=variant, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+            variant=variant, hidden_size=config.hidden_size, intermediate_size=_mlp_width(config),
             num_layers=num_layers, num_attention_heads=heads,
             num_key_value_heads=kv_heads, head_dim=head_dim,
             rms_norm_eps=_norm_eps(config),
@@ -214,6 +215,15 @@ def _draft_vocab_size(data: dict) -> int | None:
 
 NORM_EPS_KEYS = ("rms_norm_eps", "norm_eps", "layer_norm_epsilon", "layer_norm_eps")
 """What architectures call their norms' epsilon (Llama/Qwen, LFM2, Nemotron-H, ...): the drafter's norms use it."""
+
+
+MLP_WIDTH_KEYS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size")
+"""What architectures call their MLP's width (OPT's ffn_dim, GPT-2's n_inner, ...). A target with none (an MoE
+whose dense width is its experts', MPT) gives the drafter Qwen3's ratio, 3 x hidden."""
+
+
+def _mlp_width(config) -> int:
+    return next((int(value) for key in MLP_WIDTH_KEYS if (value := getattr(config, key, None))), 3 * config.hidden_size)
 
 
 def _norm_eps(config) -> float:
