@@ -108,6 +108,7 @@ def main() -> None:
                                                              "ece_uncalibrated")},
         "replayed_adaptive_row": confidence.adaptive_length.to_json(),
         "recommended_block_size": report.recommended_block_size, "trained_block_size": drafter.config.block_size,
+        "step_costs_ms": costs_ms.to_json(), "map": confidence.map.to_json(),
         "timed_prompts": len(timed), "threads": args.threads,
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }

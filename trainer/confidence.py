@@ -9,10 +9,10 @@ monotone map by isotonic regression (pool adjacent violators): no parametric sha
 keeps the score's ranking, so its AUC is the score's. The map ships as knots interpolated linearly (`ConfidenceMap`),
 which any engine can evaluate with a few lines.
 
-`VerifyLength` is the decoder's confidence-driven draft length: after drafting a whole block, verify drafts 1..n for
-the n at which the expected tokens per second stop rising, as one more draft's survival probability (the product of
-calibrated acceptances so far) no longer pays for the measured cost of verifying one more token. It stops at the first
-draft that does not pay, reading no later score: that is what keeps speculative sampling exact (trainer/speculative.py).
+`VerifyLength` is the decoder's confidence-driven draft length: after drafting a whole block, verify drafts 1..n,
+adding draft k while the expected gain (the product of calibrated acceptances up to k, and of k's for the drafts after
+it) pays for the measured cost of verifying more tokens. It stops at the first draft that does not pay, reading no
+later score: that is what keeps speculative sampling exact (trainer/speculative.py).
 
 Torch-free (numpy, scipy), so the report and the bench read it cheaply.
 """
@@ -164,19 +164,31 @@ class VerifyLength:
     verify_seconds: Mapping[int, float]
 
     def choose(self, scores: Sequence[float]) -> int:
-        """Drafts to verify, 0..len(scores): extend while verifying one more draft raises the expected tokens per
-        second (expected tokens 1 + sum of survival products), stopping at the first draft that does not."""
+        """Drafts to verify, 0..len(scores). Draft k is added while some length from k on would raise the expected
+        tokens per second (expected tokens: 1 + the sum of survival products) over stopping before it, its later
+        drafts assumed to be accepted as draft k is: their scores are not read (that would bias sampling, module
+        docstring), and a one-draft look-ahead alone stops short where one more draft costs a fixed step (the taps a
+        drafting verify captures) that several drafts would share. Stops at the first draft that fails."""
         survive, expected, offered = 1.0, 1.0, 0
         cost = self.draft_seconds + self.verify_seconds[1]
         for k, p in enumerate(self.confidence(scores), start=1):
-            if k + 1 not in self.verify_seconds:
+            if k + 1 not in self.verify_seconds or not self._pays(k, float(p), len(scores), survive, expected, cost):
                 break
             survive *= float(p)
-            longer = self.draft_seconds + self.verify_seconds[k + 1]
-            if (expected + survive) * cost < expected * longer:
-                break
-            expected, cost, offered = expected + survive, longer, k
+            expected, cost, offered = expected + survive, self.draft_seconds + self.verify_seconds[k + 1], k
         return offered
+
+    def _pays(self, k: int, p: float, drafted: int, survive: float, expected: float, cost: float) -> bool:
+        """Whether verifying drafts k..m, for some m, beats stopping at k - 1 (drafts after k assumed accepted at p)."""
+        extended = expected
+        for m in range(k, drafted + 1):
+            if m + 1 not in self.verify_seconds:
+                break
+            survive *= p
+            extended += survive
+            if extended * cost >= expected * (self.draft_seconds + self.verify_seconds[m + 1]):
+                return True
+        return False
 
     @classmethod
     def from_costs(cls, confidence: ConfidenceMap, costs: Mapping) -> VerifyLength:

@@ -79,6 +79,9 @@ def test_the_verify_length_stops_at_the_first_draft_that_does_not_pay():
     assert rule.choose([0.95, 0.01, 0.99, 0.99]) == 1
     free = VerifyLength(IDENTITY, 0.0, {w: 1.0 for w in range(1, 9)})  # verifying more costs nothing
     assert free.choose([0.01] * 7) == 7
+    # A fixed step from width 1 to 2 (the taps a drafting verify captures) that one draft does not pay but several do.
+    step = VerifyLength(IDENTITY, 0.0, {1: 1.0, **{w: 2.0 for w in range(2, 9)}})
+    assert step.choose([0.9] * 7) == 7 and step.choose([0.3] * 7) == 0
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +142,7 @@ def test_adaptive_length_keeps_speculative_sampling_exact(peaked_target):
     distribution (the rule stops on scores that never read the draft they decide about)."""
     params, prompt, draws = SamplingParams(temperature=1.0, max_new_tokens=3), [6, 7, 8], 600
     drafter = random_drafter(peaked_target, "dflash2", block_size=4, selector_top_k=8, selector_rank=8, scale=0.5)
-    rule = VerifyLength(IDENTITY, 0.1, {1: 1.0, 2: 1.0, 3: 1.3, 4: 1.6})
+    rule = VerifyLength(IDENTITY, 0.1, {1: 1.0, 2: 1.3, 3: 1.6, 4: 1.9})  # each draft must pay: lengths vary
     decoder = SpeculativeDecoder(peaked_target, drafter, verify_length=rule)
     generator = torch.Generator().manual_seed(0)
     samples, offered = [], Counter()
@@ -187,3 +190,24 @@ def test_validation_reports_the_confidence_and_export_ships_the_map(tiny_qwen3, 
 
     page = render_report_html(report, [])
     assert 'id="confidence"' in page and "adaptive length" in page
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_a_score_never_reads_the_draft_at_its_own_position(tiny_qwen3, variant):
+    """What keeps the adaptive length exact under sampling: the score at position t is the same whatever tokens the
+    walk drew at t and after (a score that read them, e.g. the drawn token's probability, would bias the output)."""
+    drafter = random_drafter(tiny_qwen3, variant, block_size=6, scale=0.5)
+    hidden = torch.randn(1, 5, tiny_qwen3.hidden_size)
+    logits = tiny_qwen3.lm_head(hidden)
+    generator = torch.Generator().manual_seed(0)
+    candidates = logits.topk(8, dim=-1).indices  # tokens a walk can draw, so a score that read them would differ
+
+    def drawn() -> torch.Tensor:
+        return candidates[0].gather(-1, torch.randint(0, 8, (5, 1), generator=generator))[:, 0]
+
+    path = drawn()[None]
+    scores = drafter.confidence(hidden, logits, torch.tensor([5]), path)
+    for t in range(5):
+        other = path.clone()
+        other[0, t:] = drawn()[t:]
+        assert torch.equal(drafter.confidence(hidden, logits, torch.tensor([5]), other)[0, :t + 1], scores[0, :t + 1])
