@@ -57,7 +57,8 @@ def goodness_of_fit(target, drafter, params: SamplingParams, seed: int = 0) -> f
     (few cells, so a wrong residual shows up with few draws)."""
     decoder = SpeculativeDecoder(target, drafter, block_size=3)
     generator = torch.Generator().manual_seed(seed)
-    samples = [tuple(decoder.generate(PROMPT, params, stop_token_ids=[], generator=generator).tokens)
+    prefill = decoder.prefill(PROMPT)  # every draw starts from one prompt pass, as validation's check does
+    samples = [tuple(decoder.generate(PROMPT, params, stop_token_ids=[], generator=generator, prefill=prefill).tokens)
                for _ in range(DRAWS)]
     exact = exact_sequence_probs(target, params)
     assert set(samples) <= set(exact), "a sequence the target cannot produce was emitted"

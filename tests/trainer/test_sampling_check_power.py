@@ -1,6 +1,12 @@
 """The per-job sampling check has power: on the real SmolLM2 target, with the validation defaults (the first
 validation prompts, SAMPLING_DRAWS draws, T=1 for a greedy job), it rejects a speculative decoder whose
-residual after a rejection is p instead of norm(max(p - q, 0)), and passes the correct one.
+residual after a rejection is p instead of norm(max(p - q, 0)).
+
+That the correct decoder passes is shown elsewhere, with more power per second: a correct decoder fails this
+check with probability alpha by the test's construction, tests/trainer/test_lossless_sampling.py tests the
+decoder's exactness with 1,000 draws a case on a target whose whole distribution is enumerable, and every job's
+validation (the main job's included) runs this check on its own drafter; bench/sampling_power.py prints both
+p-values on SmolLM2 with a trained drafter. One run of the default check here takes minutes of the suite.
 
 How much a wrong residual shows depends on how much the proposal overlaps the target (with no overlap
 nothing is ever accepted and any residual is p): the stand-in drafter here proposes the target's own most
@@ -76,14 +82,8 @@ def default_check(target, decoder) -> dict:
 
 
 @pytest.mark.slow
-def test_check_passes_the_correct_decoder(smollm2):
-    result = default_check(smollm2, GreedyTargetDrafter(smollm2, recipe.BLOCK_SIZE))
-    assert result["groups_by_position"].get(2, 0) >= 3  # speculative positions are tested, not just the prefill
-    assert result["p_value"] >= SAMPLING_ALPHA
-
-
-@pytest.mark.slow
 def test_check_rejects_a_decoder_that_resamples_from_p(smollm2, monkeypatch):
     monkeypatch.setattr(trainer.sampling, "residual_distribution", lambda p, q: p)
     result = default_check(smollm2, GreedyTargetDrafter(smollm2, recipe.BLOCK_SIZE))
+    assert result["groups_by_position"].get(2, 0) >= 3  # speculative positions are tested, not just the prefill
     assert result["p_value"] < SAMPLING_ALPHA
