@@ -1,20 +1,30 @@
 """A published drafter's record, typed: its shape (`DrafterShape`), its validation metrics (`DrafterMetrics`) and
 its lineage (`DrafterLineage`), the three JSON columns of the drafters table.
 
-The worker builds them at the end of the publish stage from the job's work files (worker/drafters.py
-`record_lineage`, through schemas/work_files.py); domain/drafters.py stores them with `to_json()` and reads them
-back with `read`; the API shows them as stored. They follow the work files' rules (schemas/work_files.py): every
-field optional, unknown keys kept, a misfitting field dropped on reading, a `version` that is 1 when absent (the
-rows recorded before these models). Pure pydantic: no torch.
+The drafter's shape, metrics and serving flags are written once, by the export (trainer/export/record.py), as
+the artifact `drafter-record.json` (`DrafterRecord`, listed in manifest.json like every exported file); the worker
+reads that record at the end of the publish stage and builds the lineage from it and the job's work files
+(worker/drafters.py `record_lineage`, through schemas/work_files.py); domain/drafters.py stores them with
+`to_json()` and reads them back with `read`; the API shows them as stored. They follow the work files' rules
+(schemas/work_files.py): unknown keys kept, a misfitting field dropped on reading, a `version` that is 1 when
+absent (the rows recorded before these models); every field optional, but for what drafter-record.json's writer
+always writes (`DrafterRecord.shape` and `metrics`, and every field of `RecordedShape`). Pure pydantic: no torch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from pydantic import Field
 
-from schemas.validation_report import CategoryAcceptance, DrafterAdapterFigures, PairedGain, WarmStartParent
+from schemas.validation_report import (
+    CategoryAcceptance,
+    DrafterAdapterFigures,
+    PairedGain,
+    ValidationReport,
+    WarmStart,
+    WarmStartParent,
+)
 from schemas.work_files import CodeEnvironment, LenientModel, PinnedSource, VersionedFile
 
 VARIANT_UPGRADES = frozenset({("dflash", "dflash2")})
@@ -35,12 +45,33 @@ class DrafterShape(VersionedFile):
     architecture: str | None = None
 
 
+class RecordedShape(DrafterShape):
+    """The shape as drafter-record.json holds it: the export computes every field from the drafter's config
+    (trainer/export/record.py), so each is required there."""
+
+    hidden_size: int
+    vocab_size: int
+    num_target_layers: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    architecture: str
+
+
 class ServingSettings(LenientModel):
     """How each engine enables the drafter at its recommended block size."""
 
     sglang: str | None = None
     vllm: dict[str, Any] | None = None
     llama_cpp: str | None = None
+
+    @classmethod
+    def at_block(cls, block: int) -> Self:
+        """The one spelling of each engine's flags for a block of `block` tokens (the anchor + block - 1 drafts):
+        the model card's commands carry them (trainer/export/model_card.py) and drafter-record.json stores them.
+        SGLang counts the whole block; vLLM and llama.cpp the drafted tokens."""
+        return cls(sglang=f"--speculative-algorithm DFLASH --speculative-num-draft-tokens {block}",
+                   vllm={"method": "dflash", "num_speculative_tokens": block - 1},
+                   llama_cpp=f"--spec-type draft-dflash --spec-draft-n-max {block - 1}")
 
 
 class DrafterMetrics(VersionedFile):
@@ -57,6 +88,33 @@ class DrafterMetrics(VersionedFile):
     speedup: float | None = None
     parent_tau: float | None = Field(default=None, description="A warm start's parent on the same prompts.")
     serving: ServingSettings | None = None
+
+    @classmethod
+    def measured(cls, report: ValidationReport, serving: ServingSettings) -> Self:
+        """The headline figures of a validation report (report.json's model), read through its typed sections."""
+        return cls.written(
+            tau=report.tau, tau_per_position=report.tau_per_position,
+            acceptance_by_category=report.acceptance_by_category, oracle_tau=report.oracle_tau,
+            lossless_passed=bool(report.passed), greedy_mismatches=report.greedy.mismatches,
+            sampling_p_value=report.sampling.p_value, recommended_block_size=report.recommended_block_size,
+            speedup=report.speedup.ratio if report.speedup else None,
+            parent_tau=report.warm_start.parent_tau if report.warm_start else None, serving=serving)
+
+
+class DrafterRecord(VersionedFile):
+    """drafter-record.json: the drafter's record as the export writes it, once (trainer/export/record.py), for the
+    worker to record at publish without re-deriving any of it: the shape from the drafter's config, the metrics and
+    serving flags from its validation report, and what the lineage takes from that report as written (its target
+    fingerprint, and a warm start's section: `WarmStart`, report.json's own type)."""
+
+    FILE: ClassVar[str] = "drafter-record.json"
+    """Its name among the exported artifacts."""
+
+    shape: RecordedShape
+    metrics: DrafterMetrics = Field(description="Validation's headline figures and each engine's serving flags at "
+                                    "the recommended block size (`metrics.serving`).")
+    target_fingerprint: str | None = Field(default=None, description="report.json's target_fingerprint.")
+    warm_start: WarmStart | None = Field(default=None, description="report.json's warm_start, as written.")
 
 
 class DataSnapshot(LenientModel):

@@ -12,16 +12,20 @@ a local directory, like worker/sources.py does for targets:
 A report.json beside the drafter comes along when there is one (its tau is an audit's reference).
 
 Output: `record_lineage` runs at the end of the publish stage and records the job's drafter with everything
-it came from (domain/drafters.py): the pinned target and prompts revisions, the data snapshot, the parent, the
-recipe, code and package versions, and the validation metrics.
+it came from (domain/drafters.py): its shape, validation metrics and serving flags as the export wrote them
+(drafter-record.json), the pinned target and prompts revisions, the data snapshot, the parent, the recipe, code
+and package versions.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from domain.artifacts import artifact_named, artifacts_of
 from domain.drafters import published_drafter
@@ -32,13 +36,11 @@ from schemas.lineage import (
     DataLineage,
     DataSnapshot,
     DrafterLineage,
-    DrafterMetrics,
-    DrafterShape,
+    DrafterRecord,
     ParentLineage,
-    ServingSettings,
     TrainingLineage,
 )
-from schemas.validation_report import ValidationReport, WarmStart
+from schemas.validation_report import WarmStart
 from schemas.work_files import CodeEnvironment, PinnedSource, PinnedSources, PreparedTarget, StageMarker
 from trainer.drafter.checkpoint import drafter_folder, drafter_prefix
 from trainer.errors import DraftsmithError
@@ -146,9 +148,10 @@ def _from_s3(uri: str, settings: Settings, cache: Path, caller: Caller) -> Resol
 
 def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
     """Record the job's drafter and what it came from, through the publish stage's `records`; returns the drafter
-    id. Reads the job's work files from object storage (this may be a CPU worker that ran none of the other
-    stages), each through its model (schemas/work_files.py): a file missing or a field that does not fit leaves
-    that part of the lineage empty, never the drafter unrecorded."""
+    id. The drafter's shape, metrics and serving flags are the export's drafter-record.json as written
+    (schemas/lineage.py `DrafterRecord`); the rest of the lineage comes from the job's work files in object storage
+    (this may be a CPU worker that ran none of the other stages), each through its model (schemas/work_files.py): a
+    file missing or a field that does not fit leaves that part of the lineage empty, never the drafter unrecorded."""
     session = records.session
     prefix = f"jobs/{job.id}/work"
 
@@ -157,15 +160,12 @@ def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
         return json.loads(_read(ctx, key)) if ctx.storage.exists(key) else {}
 
     sources, prepared = PinnedSources.read(work("sources.json")), PreparedTarget.read(work("prepare.json"))
-    report = ValidationReport.read(work("report.json"))
     generated, trained = StageMarker.read(work("stages/generate.json")), StageMarker.read(work("stages/train.json"))
     manifest = artifact_named(session, job.id, "manifest.json")
-    config = artifact_named(session, job.id, "drafter/config.json")
-    if manifest is None or config is None:
-        raise DraftsmithError("the job has no exported manifest.json and drafter/config.json to record")
+    if manifest is None:
+        raise DraftsmithError("the job has no exported manifest.json to record")
     manifest_bytes = _read(ctx, manifest.storage_key)
-    drafter_config = json.loads(_read(ctx, config.storage_key))
-    metrics = drafter_metrics(report, report.recommended_block_size or drafter_config.get("block_size"))
+    record = _drafter_record(ctx, session, job.id, work)
     data = DataLineage(
         source=spec.data.source, source_revision=sources.prompts.revision if sources.prompts else None,
         count=spec.data.count, holdout_share=spec.data.holdout_share,
@@ -175,7 +175,7 @@ def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
     pinned = sources.target or PinnedSource()
     lineage = DrafterLineage.written(
         target=PinnedSource(uri=spec.target.uri, revision=pinned.revision, pinned_uri=pinned.pinned_uri),
-        data=data, parent=_parent(spec, sources.init, report.warm_start),
+        data=data, parent=_parent(spec, sources.init, record.warm_start),
         recipe={name: getattr(spec, name).model_dump(mode="json")
                 for name in ("drafter", "training", "sampling", "validation")},
         code=trained.environment or CodeEnvironment(),
@@ -183,34 +183,31 @@ def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
                                  train_tau_estimate=trained.train_tau_estimate))
     return records.record_drafter(
         target_revision=pinned.revision,
-        target_fingerprint=prepared.fingerprint or report.target_fingerprint or "",
-        config=drafter_shape(drafter_config), metrics=metrics, lineage=lineage,
+        target_fingerprint=prepared.fingerprint or record.target_fingerprint or "",
+        config=record.shape, metrics=record.metrics, lineage=lineage,
         manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest())
 
 
-def drafter_metrics(report: ValidationReport, serving_block: int) -> DrafterMetrics:
-    """The drafter's headline figures from its report.json, and how each engine serves it."""
-    return DrafterMetrics.written(
-        tau=report.tau, tau_per_position=report.tau_per_position,
-        acceptance_by_category=report.acceptance_by_category, oracle_tau=report.oracle_tau,
-        lossless_passed=bool(report.passed), greedy_mismatches=report.greedy.mismatches,
-        sampling_p_value=report.sampling.p_value, recommended_block_size=report.recommended_block_size,
-        speedup=report.speedup.ratio if report.speedup else None,
-        parent_tau=report.warm_start.parent_tau if report.warm_start else None,
-        serving=ServingSettings(
-            sglang=f"--speculative-algorithm DFLASH --speculative-num-draft-tokens {serving_block}",
-            vllm={"method": "dflash", "num_speculative_tokens": serving_block - 1},
-            llama_cpp=f"--spec-type draft-dflash --spec-draft-n-max {serving_block - 1}"))
+def _drafter_record(ctx, session, job_id: str, work: Callable[[str], dict[str, Any]]) -> DrafterRecord:
+    """The export's drafter-record.json, read as written (a record that does not fit its model is the export's bug,
+    and fails the publish stage naming it)."""
+    stored = artifact_named(session, job_id, DrafterRecord.FILE)
+    if stored is not None:
+        try:
+            return DrafterRecord.read(json.loads(_read(ctx, stored.storage_key)))
+        except ValidationError as error:
+            raise DraftsmithError(f"the job's {DrafterRecord.FILE} does not fit its model: {error}") from None
+    # Fallback, kept for the jobs in flight across the release that added the record: export and publish are stages
+    # of their own, so a job exported by the older release (its export marker stored) can be published by this one,
+    # after a deploy or a retried destination, and its export wrote no record and will not run again. Its record is
+    # built from the files that export did write, by the export's own rule (trainer/export/record.py), so nothing
+    # is derived here. Delete this once no job exported before drafter-record.json remains unpublished.
+    from trainer.export.record import record_of_export
 
-
-def drafter_shape(drafter_config: dict[str, Any]) -> DrafterShape:
-    """The shape a warm start from this drafter must keep, from its exported drafter/config.json."""
-    dflash = drafter_config.get("dflash_config") or {}
-    return DrafterShape.read({
-        "version": DrafterShape.VERSION, "hidden_size": drafter_config.get("hidden_size"),
-        "vocab_size": drafter_config.get("vocab_size"), "num_target_layers": drafter_config.get("num_target_layers"),
-        "target_layer_ids": dflash.get("target_layer_ids"), "mask_token_id": dflash.get("mask_token_id"),
-        "architecture": (drafter_config.get("architectures") or [None])[0]})
+    config = artifact_named(session, job_id, "drafter/config.json")
+    if config is None:
+        raise DraftsmithError(f"the job has no exported {DrafterRecord.FILE} (nor drafter/config.json) to record")
+    return record_of_export(json.loads(_read(ctx, config.storage_key)), work("report.json"))
 
 
 def _parent(spec: JobSpec, pinned: PinnedSource | None, warm_start: WarmStart | None) -> ParentLineage | None:

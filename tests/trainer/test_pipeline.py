@@ -56,7 +56,7 @@ def test_run_produces_the_artifact_layout(finished_run):
     assert all(state["stages"][stage]["done"] for stage in STAGES)
     for name in ("drafter/config.json", "drafter/model.safetensors", "gguf/drafter-f16.gguf",
                  "gguf/drafter-q8_0.gguf", "README.md", "report.json", "metrics.jsonl", "report.html",
-                 "manifest.json"):
+                 "drafter-record.json", "manifest.json"):
         assert (out / name).is_file(), name
     manifest = json.loads((out / "manifest.json").read_text())
     # The default recipe drafts over a draft vocabulary (this target has SmolLM2's 49k tokens): the drafter as vLLM
@@ -64,7 +64,7 @@ def test_run_produces_the_artifact_layout(finished_run):
     assert set(manifest["files"]) == {"drafter/config.json", "drafter/model.safetensors", "gguf/drafter-f16.gguf",
                                       "gguf/drafter-q8_0.gguf", "README.md", "report.json", "metrics.jsonl",
                                       "report.html", "drafter-d2t/config.json", "drafter-d2t/model.safetensors",
-                                      "gguf/drafter-q8_0-d2t.gguf"}
+                                      "gguf/drafter-q8_0-d2t.gguf", "drafter-record.json"}
     assert verify_manifest(out) == []
     (out / "README.md").write_text((out / "README.md").read_text() + "tampered")
     assert verify_manifest(out) == ["README.md: content differs from the manifest"]
@@ -93,6 +93,27 @@ def test_report_proves_losslessness_and_carries_every_figure(finished_run):
     card = (out / "README.md").read_text()
     assert "--speculative-num-draft-tokens" in card and '"num_speculative_tokens"' in card
     assert "--spec-type draft-dflash" in card
+
+
+def test_export_writes_the_drafters_record_once(finished_run):
+    """drafter-record.json (trainer/export/record.py): the shape of the exported drafter's config, the report's
+    headline figures, and the serving flags the model card's commands carry, at the recommended block."""
+    from schemas.lineage import DrafterRecord
+    from trainer.drafter.config import DrafterConfig
+
+    out, _, _ = finished_run
+    record = DrafterRecord.load(out / DrafterRecord.FILE)
+    assert record.version == DrafterRecord.VERSION
+    config = DrafterConfig.from_hf_dict(json.loads((out / "drafter" / "config.json").read_text()))
+    assert (record.shape.hidden_size, record.shape.vocab_size, record.shape.target_layer_ids,
+            record.shape.mask_token_id) == (config.hidden_size, config.vocab_size, list(config.target_layer_ids),
+                                            config.mask_token_id)
+    report = json.loads((out / "report.json").read_text())
+    assert record.metrics.tau == report["tau"] and record.metrics.recommended_block_size == report["recommended_block_size"]
+    assert record.metrics.lossless_passed is True and record.target_fingerprint == report["target_fingerprint"]
+    serving, card = record.metrics.serving, (out / "README.md").read_text()
+    assert serving is not None and serving.sglang in card and serving.llama_cpp in card
+    assert serving.vllm == {"method": "dflash", "num_speculative_tokens": report["recommended_block_size"] - 1}
 
 
 def test_exported_drafter_decodes_identically_in_the_reference(finished_run, bpe_target_dir, reference_dflash):

@@ -1,7 +1,10 @@
-"""`record_lineage` (worker/drafters.py) reads the job's work files through their models (schemas/work_files.py):
-a stage marker, prepare.json or sources.json with a field of the wrong type, or written before the files had a
-`version`, still yields the drafter's lineage, with that one field left empty. No database: object storage is a
-dict and the publish stage's records are a stand-in that keeps what it is given."""
+"""`record_lineage` (worker/drafters.py) records the drafter's shape, metrics and serving flags as the export's
+drafter-record.json says (trainer/export/record.py), and reads the job's work files through their models
+(schemas/work_files.py): a stage marker, prepare.json or sources.json with a field of the wrong type, or written
+before the files had a `version`, still yields the drafter's lineage, with that one field left empty. A job
+exported before the record existed is recorded from its drafter/config.json and report.json by the export's own
+rule, to the same record. No database: object storage is a dict and the publish stage's records are a stand-in
+that keeps what it is given."""
 
 from __future__ import annotations
 
@@ -9,16 +12,24 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from schemas.job_spec import JobSpec
-from schemas.lineage import DrafterLineage, DrafterMetrics, DrafterShape
+from schemas.lineage import DrafterLineage, DrafterMetrics, DrafterRecord, DrafterShape
+from schemas.validation_report import ValidationReport
 from schemas.work_files import PinnedSources, StageMarker
+from trainer.drafter.config import DrafterConfig
+from trainer.export.record import drafter_record
 
 WORK = "jobs/job_1/work"
 REPORT = {"version": 1, "tau": 1.6, "tau_per_position": [0.9, 0.7], "recommended_block_size": 4,
           "lossless": {"greedy": {"mismatches": 0}, "sampling": {"p_value": 0.5, "status": "passed"}},
           "target_fingerprint": "sha256:report"}
-DRAFTER_CONFIG = {"hidden_size": 64, "vocab_size": 512, "num_target_layers": 4, "block_size": 4,
-                  "architectures": ["DFlashDraftModel"], "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 5}}
+CONFIG = DrafterConfig(variant="dflash", hidden_size=64, intermediate_size=128, num_layers=1, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
+                       max_position_embeddings=256, vocab_size=512, num_target_layers=4, target_layer_ids=(1, 2),
+                       block_size=4, mask_token_id=5)
+DRAFTER_CONFIG = CONFIG.to_hf_dict()  # drafter/config.json as the export writes it
 
 
 class Storage:
@@ -43,15 +54,19 @@ class Records:
         return "drf_recorded"
 
 
-def record(monkeypatch, work: dict[str, object], spec: dict | None = None) -> dict:
+def record(monkeypatch, work: dict[str, object], spec: dict | None = None, drafter: dict | None = None) -> dict:
+    """What record_lineage hands the drafters table. `drafter`: the export's drafter-record.json; None: a job
+    exported before the record existed (its drafter/config.json and report.json only)."""
     import worker.drafters
 
     artifacts = {"manifest.json": "artifacts/manifest.json", "drafter/config.json": "artifacts/config.json"}
-    monkeypatch.setattr(worker.drafters, "artifact_named",
-                        lambda session, job_id, name: SimpleNamespace(storage_key=artifacts[name]))
+    if drafter is not None:
+        artifacts[DrafterRecord.FILE] = f"artifacts/{DrafterRecord.FILE}"
+    monkeypatch.setattr(worker.drafters, "artifact_named", lambda session, job_id, name: SimpleNamespace(
+        storage_key=artifacts[name]) if name in artifacts else None)
     files = {f"{WORK}/{name}": content for name, content in work.items()}
     files |= {"artifacts/manifest.json": {"files": []}, "artifacts/config.json": DRAFTER_CONFIG,
-              f"{WORK}/data/shard-0.parquet": "rows"}
+              f"artifacts/{DrafterRecord.FILE}": drafter, f"{WORK}/data/shard-0.parquet": "rows"}
     ctx, records = SimpleNamespace(storage=Storage(files)), Records()
     job_spec = JobSpec.model_validate(spec or {"target": {"uri": "bundled:smollm2-135m"}})
     assert worker.drafters.record_lineage(ctx, SimpleNamespace(id="job_1"), job_spec, records) == "drf_recorded"
@@ -149,3 +164,36 @@ def test_the_worker_writes_markers_and_sources_through_the_models():
         **GOOD["stages/train.json"], "device": {"device": "cpu"}}
     sources = PinnedSources.written(**GOOD["sources.json"])
     assert PinnedSources.read(sources.to_json()).target == sources.target
+
+
+def test_the_record_the_export_writes_is_what_the_worker_records(monkeypatch):
+    """A new job: shape, metrics and serving flags are drafter-record.json's, field for field, and the worker reads
+    neither report.json nor drafter/config.json for them (both absent from storage here but the record's source).
+    The same job exported before the record existed (no drafter-record.json) is recorded identically."""
+    warm_start = {"parent_tau": 1.3, "tau": 1.5, "advice": "serve_new", "parent": {"name": "hf://z-lab/parent"}}
+    report = {**REPORT, "warm_start": warm_start}
+    written = drafter_record(CONFIG, ValidationReport.read(report)).to_json()
+    spec = {"target": {"uri": "bundled:smollm2-135m"}, "init": {"from_drafter": "hf://z-lab/parent"}}
+    work = {name: content for name, content in GOOD.items() if name != "report.json"}
+    new = record(monkeypatch, work, spec, drafter=json.loads(json.dumps(written)))
+    assert new["config"].to_json() == written["shape"] and new["metrics"].to_json() == written["metrics"]
+    assert written["metrics"]["serving"] == {
+        "sglang": "--speculative-algorithm DFLASH --speculative-num-draft-tokens 4",
+        "vllm": {"method": "dflash", "num_speculative_tokens": 3},
+        "llama_cpp": "--spec-type draft-dflash --spec-draft-n-max 3"}
+    assert written["shape"] == {"version": 1, "hidden_size": 64, "vocab_size": 512, "num_target_layers": 4,
+                                "target_layer_ids": [1, 2], "mask_token_id": 5, "architecture": "DFlashDraftModel"}
+    assert new["lineage"].to_json()["parent"]["tau_on_this_target"] == 1.3
+    old = record(monkeypatch, {**work, "report.json": report}, spec)
+    for key in ("config", "metrics", "lineage"):
+        assert new[key].to_json() == old[key].to_json(), key
+    assert {k: v for k, v in new.items() if k not in ("config", "metrics", "lineage")} == {
+        k: v for k, v in old.items() if k not in ("config", "metrics", "lineage")}
+
+
+def test_a_record_missing_what_the_export_always_writes_fails_the_publish(monkeypatch):
+    from trainer.errors import DraftsmithError
+
+    written = drafter_record(CONFIG, ValidationReport.read(REPORT)).to_json()
+    with pytest.raises(DraftsmithError, match="drafter-record.json does not fit"):
+        record(monkeypatch, GOOD, drafter={**written, "shape": {**written["shape"], "hidden_size": None}})

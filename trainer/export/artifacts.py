@@ -10,6 +10,8 @@
                                                      adapter_model.safetensors; trainer/training/drafter_adapter.py):
                                                      drafter/ is it merged, the one served
     README.md                                        model card: target, sampling, figures, serving commands
+    drafter-record.json                              the drafter's record: shape, headline metrics, serving flags
+                                                     (trainer/export/record.py; what the worker records at publish)
     report.json, metrics.jsonl                       validation report and per-step training metrics
     report.html                                      both as charts, self-contained (opens from disk)
     manifest.json                                    sha256 and size of every other file
@@ -34,6 +36,7 @@ from trainer.errors import DraftsmithError, TargetError
 from trainer.export.drafter_d2t import D2T_DIR, REFERENCE_DIR, reference_config, write_d2t_drafter
 from trainer.export.gguf_writer import write_gguf
 from trainer.export.model_card import D2T_GGUF, model_card
+from trainer.export.record import write_drafter_record
 from trainer.targets.families import UNLISTED_GGUF
 from trainer.targets.loading import Target
 from trainer.validation.report import check_compatible
@@ -70,6 +73,7 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     names = names or target.describe()
     card = model_card(drafter.config, target, report, names, no_gguf=no_gguf)
     atomic_write_bytes(out_dir / "README.md", card.encode())
+    write_drafter_record(out_dir, drafter.config, report)
     write_report_html(out_dir, report, metrics_file, title=f"Draftsmith drafter for {names.name}")
     manifest = build_manifest(out_dir)
     atomic_write_json(out_dir / "manifest.json", manifest)

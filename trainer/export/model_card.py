@@ -8,6 +8,7 @@ from report.engine_figures import engine_markdown, headline_engine_rows
 from report.warm_start import adapter_text, advice_text, before_after_rows, parent_text
 from schemas.bounds import file_uri_path
 from schemas.job_spec import BUNDLED_TABLE
+from schemas.lineage import ServingSettings
 from schemas.validation_report import (
     EngineRow,
     SamplingTest,
@@ -18,6 +19,7 @@ from schemas.validation_report import (
 )
 from trainer.drafter.config import DrafterConfig
 from trainer.export.drafter_d2t import D2T_DIR
+from trainer.export.record import serving_block
 from trainer.targets.loading import Target
 
 D2T_GGUF = "gguf/drafter-q8_0-d2t.gguf"
@@ -146,13 +148,13 @@ def _best_llama_cpp(report: ValidationReport | None) -> EngineRow | None:
     return max(rows, key=lambda r: r.tokens_per_s, default=None)
 
 
-def _llama_command(report: ValidationReport | None, llama_gguf: str, recommended: int) -> str:
+def _llama_command(report: ValidationReport | None, llama_gguf: str, flags: ServingSettings) -> str:
     """The llama.cpp command the engine step measured fastest (with the target's GGUF as `target.gguf`), else the
     plain one for the recommended block."""
     best = _best_llama_cpp(report)
     if best:
         return best.command.replace("target-f16.gguf", "target.gguf").replace("target-q4_1.gguf", "target.gguf")
-    return f"llama-server -m target.gguf -md ./{llama_gguf} --spec-type draft-dflash --spec-draft-n-max {recommended - 1}"
+    return f"llama-server -m target.gguf -md ./{llama_gguf} {flags.llama_cpp}"
 
 
 def _objective_line(report: ValidationReport | None) -> str:
@@ -190,7 +192,7 @@ def model_card(config: DrafterConfig, target: Target, report: ValidationReport |
     """README.md. `names`: the target as the job named it and its family (`Target.describe`); `no_gguf`: why no GGUF
     was written (export's write_engine_drafters), else None."""
     block = config.block_size
-    recommended = report.recommended_block_size if report and report.recommended_block_size is not None else block
+    recommended = serving_block(config, report)
     sampling = json.dumps(report.sampling_parameters if report and report.sampling_parameters is not None else {},
                           indent=2)
     engines = report.engines if report else None
@@ -259,7 +261,9 @@ def _serving(config: DrafterConfig, report: ValidationReport | None, names: Targ
     """The card's serving section: a command for each engine that serves this family's drafters, a line for each
     that does not."""
     served, model = set(names.engines or []), names.base if names.adapter else names.name
-    speculative = json.dumps({"method": "dflash", "model": f"./{vllm_folder}", "num_speculative_tokens": recommended - 1})
+    flags = ServingSettings.at_block(recommended)  # the flags drafter-record.json stores (trainer/export/record.py)
+    vllm = dict(flags.vllm or {})
+    speculative = json.dumps({"method": vllm.pop("method"), "model": f"./{vllm_folder}", **vllm})
     parts = [f"""Which engine loads which file: SGLang, transformers (the `dflash` package) and Draftsmith load `drafter/`;
 vLLM loads `./{vllm_folder}`; llama.cpp loads `{llama_gguf}`{"" if no_gguf else " (full-head GGUFs: `gguf/drafter-{f16,q8_0}.gguf`)"}.
 Each engine counts the block differently: SGLang takes the whole block (anchor + drafts), vLLM and
@@ -274,8 +278,8 @@ measured acceptance; any size up to {config.block_size} works.
         parts.append(f"""SGLang:
 ```bash
 python -m sglang.launch_server --model-path {target_arg} \\
-    --speculative-algorithm DFLASH --speculative-draft-model-path ./drafter \\
-    --speculative-num-draft-tokens {recommended}
+    --speculative-draft-model-path ./drafter \\
+    {flags.sglang}
 ```
 """)
     else:
@@ -301,7 +305,7 @@ vllm serve {target_arg} --speculative-config '{speculative}'
     if "llama.cpp" in served and not no_gguf:
         parts.append(f"""llama.cpp (the command the engine step measured fastest, when it ran; `target.gguf` is the target's GGUF):
 ```bash
-{_llama_command(report, llama_gguf, recommended)}
+{_llama_command(report, llama_gguf, flags)}
 ```
 """)
     else:
