@@ -13,40 +13,32 @@ import pytest
 import torch
 from drafters import random_drafter
 from pydantic import ValidationError
-from test_data import write_prompts
-from tiny_targets import make_tiny_target
 
 from schemas.job_spec import JobSpec
 from schemas.sampling import SamplingParams
 from schemas.validation_report import ValidationReport
-from trainer.data.prompts import load_prompts
-from trainer.data.regenerate import regenerate
 from trainer.drafter.checkpoint import load_drafter, save_drafter
 from trainer.drafter.config import DrafterConfig
 from trainer.drafter.draft_vocab import save_draft_vocab
 from trainer.errors import DraftsmithError
 from trainer.speculative import SpeculativeDecoder
-from trainer.targets import load_target
 from trainer.training.config import TrainConfig
 from trainer.training.drafter_adapter import ADAPTED_MODULES, ADAPTER_DIR, adapter_figures, add_adapter, is_lora_name
 from trainer.training.loop import Trainer
 
-TAPS = [1, 2, 3]
+TAPS = [1, 2, 3]  # the taps of learnable_data (tests/trainer/conftest.py)
 RANK = 4
 STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    # Peaked logits (init 0.25), as tests/trainer/test_training.py: a few steps move the drafter visibly.
-    return load_target(make_tiny_target(tmp_path_factory.mktemp("adapter-target"), "qwen3", init_std=0.25))
+def target(learnable_target):
+    return learnable_target
 
 
 @pytest.fixture(scope="module")
-def data(target, tmp_path_factory):
-    root = tmp_path_factory.mktemp("adapter-data")
-    prompts = load_prompts(write_prompts(root / "p.jsonl", n=16))
-    return regenerate(target, prompts, SamplingParams(max_new_tokens=24), root / "data", tap_layer_ids=TAPS)
+def data(learnable_data):
+    return learnable_data
 
 
 @pytest.fixture(scope="module")
@@ -225,8 +217,11 @@ def test_deepspeed_trains_the_adapter_as_the_plain_engine_does(target, data, par
     for a, b in zip(plain, records, strict=True):
         assert (a["loss"], a["grad_norm"]) == pytest.approx((b["loss"], b["grad_norm"]), rel=1e-4)
     ours, theirs = load_drafter(plain_dir).state_dict(), load_drafter(drafter_dir).state_dict()
+    # Rounding, not training: ZeRO-3 flattens and partitions the weights and reduces gradients in another order,
+    # and Adam divides by a second moment near zero on a fresh LoRA B; on some CPUs a merged weight then moves by
+    # up to 4e-6 (weights are ~0.02-0.25 here), far below what a step changes.
     for name, value in ours.items():
-        torch.testing.assert_close(value, theirs[name], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(value, theirs[name], rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
     assert (tmp_path / ADAPTER_DIR / "adapter_model.safetensors").is_file()
 
 

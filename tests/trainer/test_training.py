@@ -11,31 +11,13 @@ import sys
 
 import pytest
 import torch
-from test_data import write_prompts
-from tiny_targets import make_tiny_target
 
 from schemas.sampling import SamplingParams
-from trainer.data.prompts import load_prompts
-from trainer.data.regenerate import regenerate
 from trainer.drafter.checkpoint import load_drafter
 from trainer.drafter.config import DrafterConfig
-from trainer.targets import load_target
 from trainer.training.blocks import build_blocks
 from trainer.training.config import TrainConfig
 from trainer.training.loop import Trainer
-
-
-@pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory):
-    # A larger init scale than the default 0.02 gives peaked logits: something a few steps can learn.
-    return load_target(make_tiny_target(tmp_path_factory.mktemp("learnable"), "qwen3", init_std=0.25))
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tiny_target, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny-data")
-    prompts = load_prompts(write_prompts(root / "p.jsonl", n=16))
-    return regenerate(tiny_target, prompts, SamplingParams(max_new_tokens=24), root / "data", tap_layer_ids=[1, 2, 3])
 
 
 def drafter_config(target, variant="dflash2"):
@@ -67,37 +49,37 @@ def test_blocks_follow_the_inference_layout():
     assert mask[8, 8:].tolist() == [False] * 6 + [True] * 3 + [False] * 3
 
 
-def test_teacher_signal_lines_up_with_the_labels(tiny_target, tiny_data):
+def test_teacher_signal_lines_up_with_the_labels(learnable_target, learnable_data):
     """Greedy data: the target's top-1 at the position that predicted a label is that label, and its final
     hidden state there is what its LM head turned into that prediction."""
     from trainer.training.data import collate
 
-    examples = tiny_data.examples()[:4]
+    examples = learnable_data.examples()[:4]
     input_ids, lengths, prompt_lens, context, teacher = collate(examples, 3, None, [1, 2, 3])
     batch = build_blocks(input_ids, lengths, prompt_lens, context, block_size=4, num_anchors=6, mask_token_id=7,
                          decay_gamma=4.0, generator=torch.Generator().manual_seed(0), teacher=teacher)
     supervised = batch.weights > 0
     assert supervised.sum() > 20
     assert torch.equal(batch.soft_ids[..., 0][supervised], batch.labels[supervised])
-    logits = tiny_target.lm_head(batch.teacher_hidden[supervised])
+    logits = learnable_target.lm_head(batch.teacher_hidden[supervised])
     assert torch.equal(logits.argmax(-1), batch.labels[supervised])
 
 
 @pytest.mark.parametrize("objective", [{"kl_weight": 0.5, "bf16_matmuls": False},
                                        {"hidden_loss_weight": 1.0, "bf16_matmuls": False},
                                        {"bf16_matmuls": True, "kl_weight": 0.5, "hidden_loss_weight": 1.0}])
-def test_dense_supervision_and_bf16_matmuls_train(tiny_target, tiny_data, tmp_path, objective):
+def test_dense_supervision_and_bf16_matmuls_train(learnable_target, learnable_data, tmp_path, objective):
     cfg = TrainConfig(steps=30, batch_size=4, anchors_per_sequence=8, lr=3e-3, warmup_steps=2, init="random",
                       checkpoint_every=100, **objective)
-    _, records = run(tiny_target, tiny_data, tmp_path, cfg)
+    _, records = run(learnable_target, learnable_data, tmp_path, cfg)
     assert records[-1]["loss"] < 0.75 * records[0]["loss"]
     assert records[-1]["train_tau_estimate"] > records[0]["train_tau_estimate"]
 
 
-def test_a_few_steps_lower_the_loss(tiny_target, tiny_data, tmp_path):
+def test_a_few_steps_lower_the_loss(learnable_target, learnable_data, tmp_path):
     cfg = TrainConfig(steps=40, batch_size=4, anchors_per_sequence=8, lr=3e-3, warmup_steps=2, init="random",
                       checkpoint_every=100)
-    drafter_dir, records = run(tiny_target, tiny_data, tmp_path, cfg)
+    drafter_dir, records = run(learnable_target, learnable_data, tmp_path, cfg)
     # The cross-entropy term: the selector term only counts positions whose gold token is in the top-K,
     # so it grows as the drafter improves.
     first = sum(r["ce"] for r in records[:3]) / 3
@@ -110,25 +92,25 @@ def test_a_few_steps_lower_the_loss(tiny_target, tiny_data, tmp_path):
     assert load_drafter(drafter_dir).config.block_size == 4
 
 
-def test_draft_vocabulary_is_ranked_written_and_exported(tiny_target, tiny_data, tmp_path):
+def test_draft_vocabulary_is_ranked_written_and_exported(learnable_target, learnable_data, tmp_path):
     """A drafter configured with a draft vocabulary gets the most frequent regenerated tokens (stop tokens
     always), and greedy decoding with it stays the target's (export: tests/export/test_gguf.py)."""
     from trainer.speculative import SpeculativeDecoder
 
-    config = drafter_config(tiny_target).replace(draft_vocab_size=40)
+    config = drafter_config(learnable_target).replace(draft_vocab_size=40)
     cfg = TrainConfig(steps=3, batch_size=2, anchors_per_sequence=4, checkpoint_every=100, warmup_steps=1)
-    drafter_dir = Trainer(tiny_target, tiny_data, tmp_path / "run", config, cfg).run()
+    drafter_dir = Trainer(learnable_target, learnable_data, tmp_path / "run", config, cfg).run()
     drafter = load_drafter(drafter_dir)
-    responses = [e.input_ids[e.prompt_len:] for e in tiny_data.examples(with_hidden=False)]
-    counts = torch.bincount(torch.tensor([t for r in responses for t in r]), minlength=tiny_target.vocab_size)
-    assert len(drafter.draft_vocab) == 40 and set(tiny_target.stop_token_ids()) <= set(drafter.draft_vocab.tolist())
+    responses = [e.input_ids[e.prompt_len:] for e in learnable_data.examples(with_hidden=False)]
+    counts = torch.bincount(torch.tensor([t for r in responses for t in r]), minlength=learnable_target.vocab_size)
+    assert len(drafter.draft_vocab) == 40 and set(learnable_target.stop_token_ids()) <= set(drafter.draft_vocab.tolist())
     outside = counts.clone()
     outside[drafter.draft_vocab] = -1
     assert int(counts[drafter.draft_vocab].sort().values[1]) >= int(outside.max())  # [0] may be a stop token
     greedy = SamplingParams(max_new_tokens=20)
     prompt = responses[0][:5]
-    assert SpeculativeDecoder(tiny_target, drafter).generate(prompt, greedy).tokens == \
-        SpeculativeDecoder(tiny_target).generate(prompt, greedy).tokens
+    assert SpeculativeDecoder(learnable_target, drafter).generate(prompt, greedy).tokens == \
+        SpeculativeDecoder(learnable_target).generate(prompt, greedy).tokens
 
 
 class Crash(Exception):
@@ -136,17 +118,17 @@ class Crash(Exception):
 
 
 @pytest.mark.parametrize("variant", ["dflash2", "dflash"])
-def test_resume_reproduces_the_uninterrupted_run(tiny_target, tiny_data, tmp_path, variant):
+def test_resume_reproduces_the_uninterrupted_run(learnable_target, learnable_data, tmp_path, variant):
     cfg = TrainConfig(steps=6, batch_size=2, anchors_per_sequence=4, checkpoint_every=3, warmup_steps=1)
-    _, uninterrupted = run(tiny_target, tiny_data, tmp_path / "a", cfg, variant)
+    _, uninterrupted = run(learnable_target, learnable_data, tmp_path / "a", cfg, variant)
 
     def crash_at_step_5(record):
         if record["step"] == 5:
             raise Crash
 
     with pytest.raises(Crash):
-        run(tiny_target, tiny_data, tmp_path / "b", cfg, variant, callbacks=[crash_at_step_5])
-    _, resumed = run(tiny_target, tiny_data, tmp_path / "b", cfg, variant, resume=True)
+        run(learnable_target, learnable_data, tmp_path / "b", cfg, variant, callbacks=[crash_at_step_5])
+    _, resumed = run(learnable_target, learnable_data, tmp_path / "b", cfg, variant, resume=True)
     assert [r["step"] for r in resumed] == [4, 5, 6]
     for a, b in zip(uninterrupted[3:], resumed, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
@@ -154,7 +136,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_target, tiny_data, tmp_pat
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
 
 
-def test_one_process_plain_engine_trains_as_deepspeed_does(tiny_target, tiny_data, tmp_path, monkeypatch):
+def test_one_process_plain_engine_trains_as_deepspeed_does(learnable_target, learnable_data, tmp_path, monkeypatch):
     """A world of one steps a plain torch engine (trainer/training/local_engine.py); DeepSpeed's engine from the
     same start gives the same run: accumulation, clipping (0.05 binds here), schedule and export included."""
     from trainer.training import distributed
@@ -163,10 +145,10 @@ def test_one_process_plain_engine_trains_as_deepspeed_does(tiny_target, tiny_dat
                       checkpoint_every=3, init="random", lr=2e-4)
     # A learning rate this small keeps six steps out of chaos: at 2e-3 a last-bit difference in the two engines'
     # clipping (a CPU's own kernels) grew to 6e-4 of the gradient norm by step 5 on an AMX Xeon.
-    plain_dir, plain = run(tiny_target, tiny_data, tmp_path / "plain", cfg)
+    plain_dir, plain = run(learnable_target, learnable_data, tmp_path / "plain", cfg)
     assert (tmp_path / "plain" / "checkpoints" / "step-000006" / "state.pt").is_file()
     monkeypatch.setattr(distributed, "wrap", distributed.deepspeed_engine)
-    reference_dir, reference = run(tiny_target, tiny_data, tmp_path / "deepspeed", cfg)
+    reference_dir, reference = run(learnable_target, learnable_data, tmp_path / "deepspeed", cfg)
     assert not (tmp_path / "deepspeed" / "checkpoints" / "step-000006" / "state.pt").exists()
     assert min(r["grad_norm"] for r in reference) > cfg.grad_clip
     for a, b in zip(plain, reference, strict=True):
@@ -178,13 +160,13 @@ def test_one_process_plain_engine_trains_as_deepspeed_does(tiny_target, tiny_dat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("zero_stage", ["2", "3"])
-def test_two_process_zero_runs_export_to_the_reference_format(tiny_target, tiny_data, tmp_path, zero_stage,
+def test_two_process_zero_runs_export_to_the_reference_format(learnable_target, learnable_data, tmp_path, zero_stage,
                                                               reference_dflash):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                              "MASTER_PORT")}
     env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "extensions")  # nothing may be compiled at first training
-    command = [sys.executable, "-m", "draftsmith.cli", "train", "--target", str(tiny_target.path),
-               "--data", str(tiny_data.root), "--out", str(tmp_path), "--num-layers", "1", "--block-size", "4",
+    command = [sys.executable, "-m", "draftsmith.cli", "train", "--target", str(learnable_target.path),
+               "--data", str(learnable_data.root), "--out", str(tmp_path), "--num-layers", "1", "--block-size", "4",
                "--steps", "3", "--batch-size", "2", "--anchors", "4", "--zero-stage", zero_stage, "--nproc", "2",
                "--mask-token-id", "7"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -197,7 +179,7 @@ def test_two_process_zero_runs_export_to_the_reference_format(tiny_target, tiny_
     for name, tensor in drafter.state_dict().items():
         assert torch.equal(tensor, reference.state_dict()[name]), name
     prompt = [12, 40, 41, 42]
-    out = reference_dflash.dflash_generate(reference, tiny_target.model, torch.tensor([prompt]), 8, None)
+    out = reference_dflash.dflash_generate(reference, learnable_target.model, torch.tensor([prompt]), 8, None)
     assert out.shape[1] == len(prompt) + 8
 
 
@@ -219,25 +201,25 @@ def tiny_batch(target, data):
                         decay_gamma=4.0, generator=torch.Generator().manual_seed(0))
 
 
-def test_draft_vocabulary_training_is_the_full_objective_over_fewer_columns(tiny_target, tiny_data):
+def test_draft_vocabulary_training_is_the_full_objective_over_fewer_columns(learnable_target, learnable_data):
     """Over a draft vocabulary of every token the objective is the plain one, to rounding; over a smaller one,
     positions whose gold token is outside it drop out of the cross-entropy and predictions stay inside it."""
-    batch = tiny_batch(tiny_target, tiny_data)
-    plain = objective_for(tiny_target)(batch)
-    every = objective_for(tiny_target, torch.arange(tiny_target.vocab_size))(batch)
+    batch = tiny_batch(learnable_target, learnable_data)
+    plain = objective_for(learnable_target)(batch)
+    every = objective_for(learnable_target, torch.arange(learnable_target.vocab_size))(batch)
     torch.testing.assert_close(every["loss"], plain["loss"])
     assert torch.equal(every["correct"], plain["correct"])
 
     labels = batch.labels.reshape(-1)[batch.weights.view(-1) > 0]
-    common = torch.bincount(labels, minlength=tiny_target.vocab_size).argsort(descending=True)[:8].sort().values
-    small = objective_for(tiny_target, common)
+    common = torch.bincount(labels, minlength=learnable_target.vocab_size).argsort(descending=True)[:8].sort().values
+    small = objective_for(learnable_target, common)
     out = small(batch)
     assert torch.isfinite(out["loss"])
     # Only the in-vocabulary positions carry the CE: the same loss as the plain objective on a batch whose
     # out-of-vocabulary positions were given no weight.
     outside = ~torch.isin(batch.labels, common)
     masked = dataclasses.replace(batch, weights=batch.weights.masked_fill(outside, 0.0))
-    torch.testing.assert_close(out["ce"], objective_for(tiny_target, common)(masked)["ce"])
+    torch.testing.assert_close(out["ce"], objective_for(learnable_target, common)(masked)["ce"])
     assert not torch.allclose(out["ce"], plain["ce"])
 
 
@@ -255,13 +237,13 @@ def test_first_failure_weighting_stops_a_block_after_its_first_miss():
     assert reached(batch, supervised, correct).tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
 
 
-def test_a_time_budget_ends_the_run_with_its_decay_done(tiny_target, tiny_data, tmp_path):
+def test_a_time_budget_ends_the_run_with_its_decay_done(learnable_target, learnable_data, tmp_path):
     """Far more steps than the budget allows: training stops on the budget, at the schedule's floor. (A step
     takes 0.5 s of the trainer's clock here, whatever the machine's load.)"""
     cfg = TrainConfig(steps=100_000, batch_size=2, anchors_per_sequence=4, lr=3e-3, warmup_steps=2, min_lr_ratio=0.1,
                       max_minutes=0.05, checkpoint_every=10**6)
     records = []
-    trainer = Trainer(tiny_target, tiny_data, tmp_path, drafter_config(tiny_target), cfg, [records.append])
+    trainer = Trainer(learnable_target, learnable_data, tmp_path, drafter_config(learnable_target), cfg, [records.append])
     ticks = iter(range(10**6))
     trainer.clock = lambda: next(ticks) * 0.25  # two readings per step
     drafter_dir = trainer.run()
