@@ -10,6 +10,7 @@ refused with an error that points to llama.cpp's converter.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from hashlib import sha256
@@ -57,8 +58,37 @@ def add_tokenizer_metadata(kv: OrderedMetadata, hp: dict[str, Any], target_dir: 
                            tokenizer_pre: str | None) -> None:
     """tokenizer.* keys from the target directory, sized to the drafter's vocab_size (`hp`), then the
     drafter's mask token id, exactly where llama.cpp's DFlash converter puts them."""
+    target_dir = Path(target_dir)
+    for key, value, vtype in _tokenizer_items(target_dir.resolve(), _folder_stamp(target_dir), target_arch,
+                                              tokenizer_pre, hp.get("vocab_size")):
+        kv.set(key, value, vtype)
+    if (mask_id := hp["dflash_config"].get("mask_token_id")) is not None:
+        kv.set("tokenizer.ggml.mask_token_id", int(mask_id), V.UINT32)
+
+
+class _Items(list):
+    """The keys `_tokenizer_items` sets, in order, replayed onto a file's OrderedMetadata."""
+
+    def set(self, key: str, value: Any, vtype: gguf.GGUFValueType) -> None:
+        self.append((key, value, vtype))
+
+
+def _folder_stamp(target_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    """Name, size and modification time of every file in the target folder but its weights: a tokenizer
+    rewritten in place has another stamp, so `_tokenizer_items` reads it again."""
+    return tuple(sorted((path.name, stat.st_size, stat.st_mtime_ns) for path in target_dir.iterdir()
+                        if path.is_file() and path.suffix not in (".safetensors", ".bin")
+                        for stat in (path.stat(),)))
+
+
+# One export writes several GGUFs over one target (one per type, and the d2t one); their tokenizer part is the
+# same, and building it (a 150k-entry table, the merges, the tokenizer loaded) takes seconds each time.
+@functools.lru_cache(maxsize=4)
+def _tokenizer_items(target_dir: Path, stamp: tuple, target_arch: str, tokenizer_pre: str | None,
+                     drafter_vocab_size: int | None) -> tuple[tuple[str, Any, gguf.GGUFValueType], ...]:
     from transformers import AutoTokenizer
 
+    kv = _Items()
     tokenizer_json = json.loads((target_dir / "tokenizer.json").read_text(encoding="utf-8"))
     tokenizer_config = _read_json(target_dir / "tokenizer_config.json")
     model = tokenizer_json.get("model", {})
@@ -74,7 +104,7 @@ def add_tokenizer_metadata(kv: OrderedMetadata, hp: dict[str, Any], target_dir: 
         kv.set("tokenizer.ggml.add_space_prefix", bool(tokenizer_config["add_prefix_space"]), V.BOOL)
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    vocab_size = hp.get("vocab_size", len(tokenizer.vocab))
+    vocab_size = drafter_vocab_size if drafter_vocab_size is not None else len(tokenizer.vocab)
     if max(tokenizer.vocab.values()) >= vocab_size:
         raise DrafterError(f"the target tokenizer has ids up to {max(tokenizer.vocab.values())} but the "
                            f"drafter's vocab_size is {vocab_size}: the drafter was not made for this target")
@@ -89,10 +119,9 @@ def add_tokenizer_metadata(kv: OrderedMetadata, hp: dict[str, Any], target_dir: 
     kv.set("tokenizer.ggml.tokens", tokens, V.ARRAY)
     kv.set("tokenizer.ggml.token_type", token_types, V.ARRAY)
     _special_vocabulary(kv, target_dir, tokenizer_json, tokenizer_config)
-    if target_arch in LLAMA_FAMILY and hp.get("vocab_size", 32000) == 49152:
+    if target_arch in LLAMA_FAMILY and (drafter_vocab_size or 32000) == 49152:
         kv.set("tokenizer.ggml.add_bos_token", False, V.BOOL)  # llama.cpp's rule for SmolLM/Granite vocabs
-    if (mask_id := hp["dflash_config"].get("mask_token_id")) is not None:
-        kv.set("tokenizer.ggml.mask_token_id", int(mask_id), V.UINT32)
+    return tuple(kv)
 
 
 def _token_table(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int]]:
@@ -133,7 +162,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def _special_vocabulary(kv: OrderedMetadata, target_dir: Path, tokenizer_json: dict[str, Any],
+def _special_vocabulary(kv: _Items, target_dir: Path, tokenizer_json: dict[str, Any],
                         tokenizer_config: dict[str, Any]) -> None:
     """Merges, special token ids, add-BOS/EOS/SEP flags, chat template and normalizer flags, with
     the precedence llama.cpp's gguf-py SpecialVocab uses: the tokenizer.json post-processor decides
