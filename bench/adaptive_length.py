@@ -78,7 +78,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     target, drafter = train(args.work, args.steps, args.train_prompts)
-    calibration = prompts(1000, args.calibration_prompts)
+    # Prompt i's words depend on i mod 200 only: training, calibration and timed prompts take disjoint ranges of one
+    # period, so neither held-out set repeats a training prompt or the other set.
+    assert args.train_prompts <= 100 and args.calibration_prompts <= 40 and args.timed_prompts <= 60
+    calibration = prompts(100, args.calibration_prompts)
     report = validate(target, drafter, calibration, SamplingParams(temperature=0.0),
                       max_new_tokens=args.max_new_tokens, sampling_draws=30, sampling_prompts=1)
     confidence = report.confidence
@@ -89,7 +92,7 @@ def main() -> None:
     rule = VerifyLength.from_costs(ConfidenceMap.from_json(confidence.map.to_json()), costs)
     adaptive = SpeculativeDecoder(target, drafter, verify_length=rule)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
-    timed = prompts(2000, args.timed_prompts)
+    timed = prompts(140, args.timed_prompts)
     rows: dict[str, dict[str, list]] = {"fixed": {"tau": [], "speed": []}, "adaptive": {"tau": [], "speed": []}}
     load_before = os.getloadavg()[0]
     for index, ids in enumerate(served_prompt_ids(target, timed, greedy)):

@@ -139,7 +139,9 @@ def exact_sequence_probs(target, prompt, params, new_tokens):
 
 def test_adaptive_length_keeps_speculative_sampling_exact(peaked_target):
     """Every marginal and the joint law of 3 tokens, sampled with the adaptive length, against the target's exact
-    distribution (the rule stops on scores that never read the draft they decide about)."""
+    distribution: the end-to-end check. Its power against a score that read the drawn token is low here (a random
+    drafter's q barely overlaps the peaked target's p, so selecting drafts by q shifts little: not caught at 3000
+    draws); the condition itself is held exactly by test_a_score_never_reads_the_draft_at_its_own_position."""
     params, prompt, draws = SamplingParams(temperature=1.0, max_new_tokens=3), [6, 7, 8], 600
     drafter = random_drafter(peaked_target, "dflash2", block_size=4, selector_top_k=8, selector_rank=8, scale=0.5)
     rule = VerifyLength(IDENTITY, 0.1, {1: 1.0, 2: 1.3, 3: 1.6, 4: 1.9})  # each draft must pay: lengths vary
