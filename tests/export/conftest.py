@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -136,12 +137,37 @@ def _start_official_conversions(env: ExportEnv, oracle: Path) -> tuple[subproces
 
 @pytest.fixture(scope="session")
 def export_env(tmp_path_factory: pytest.TempPathFactory) -> ExportEnv:
-    """Builds everything once; llama.cpp's converter runs in subprocesses while ours runs here."""
+    """Builds everything once for the whole test run: parallel test workers share one folder (the first builds it
+    under a lock, the others find it done), since llama.cpp's converter takes tens of seconds of CPU."""
+    from trainer.atomic import work_lock
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gguf_export"
+    done = root / "built.json"
+    with work_lock(root):
+        if not done.is_file():
+            _build_export_env(root)
+    oracle_problem = json.loads(done.read_text())["oracle_problem"]
+    env = ExportEnv(root=root, target=root / "target", drafters={name: root / name for name in DRAFTERS},
+                    oracle_problem=oracle_problem)
+    for name, dtype in sorted(set(ORACLE_CASES) | set(ROUND_TRIP_CASES)):
+        env.ours[(name, dtype)] = root / "ours" / f"{name}-{dtype}.gguf"
+    for name, dtype in ORACLE_CASES:
+        if (official := root / "official" / f"{name}-{dtype}.gguf").is_file():
+            env.official[(name, dtype)] = official
+    return env
+
+
+def _build_export_env(root: Path) -> None:
+    """The target, the drafters, our GGUFs and (where its converter is installed) llama.cpp's, written under
+    root, then built.json with why the oracle is missing, if it is. llama.cpp's converter runs in a subprocess
+    while ours runs here."""
     from safetensors.torch import load_file
 
+    from trainer.atomic import atomic_write_json
     from trainer.export.gguf_writer import write_gguf
 
-    root = tmp_path_factory.mktemp("gguf_export")
+    shutil.rmtree(root, ignore_errors=True)  # what a killed builder left
     env = ExportEnv(root=root, target=root / "target", drafters={})
     build_target(env.target)
     embedding = load_file(str(env.target / "model.safetensors"))["model.embed_tokens.weight"]
@@ -154,17 +180,13 @@ def export_env(tmp_path_factory: pytest.TempPathFactory) -> ExportEnv:
     (root / "ours").mkdir()
     converter = _start_official_conversions(env, oracle) if oracle else None
     for name, dtype in sorted(set(ORACLE_CASES) | set(ROUND_TRIP_CASES)):
-        env.ours[(name, dtype)] = write_gguf(env.drafters[name], env.target,
-                                             root / "ours" / f"{name}-{dtype}.gguf", dtype)
+        write_gguf(env.drafters[name], env.target, root / "ours" / f"{name}-{dtype}.gguf", dtype)
     if converter:
         process, log = converter
         if process.wait(timeout=600) != 0:
             tail = log.read_text(errors="replace")[-4000:]
             env.oracle_problem = f"llama.cpp's converter failed (full log: {log}):\n{tail}"
-        for name, dtype in ORACLE_CASES:
-            if (official := root / "official" / f"{name}-{dtype}.gguf").is_file():
-                env.official[(name, dtype)] = official
-    return env
+    atomic_write_json(root / "built.json", {"oracle_problem": env.oracle_problem})
 
 
 @pytest.fixture(params=ORACLE_CASES, ids=["-".join(case) for case in ORACLE_CASES])
