@@ -138,6 +138,8 @@ class TargetSelfTest(LenientModel):
     block_size: int | None = None
     cycles: int | None = Field(default=None, description="Verifies of the speculative decode.")
     drafts_rejected: int | None = Field(default=None, description="Drafts rejected (each a rollback tested).")
+    logit_drift: float | None = Field(default=None, description="The verifies' largest difference from the "
+                                      "one-token decode's logits for the same prefixes, over the logits' spread.")
     seed: int | None = None
     dtype: str | None = None
     reference: str | None = Field(default=None, description="The target alone's decode compared against.")

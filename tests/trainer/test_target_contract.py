@@ -61,6 +61,8 @@ def test_the_contract_is_read_from_the_model_and_its_cache(unlisted):
 def test_each_unlisted_architecture_passes_the_self_test_and_decodes_losslessly(unlisted):
     """An untrained drafter: most drafts are rejected, so nearly every cycle takes the verify back."""
     for arch, target in unlisted.items():
+        if arch == "mamba":  # its cached multi-token forward is wrong: see the refusal test below
+            continue
         result = run_self_test(target)
         assert result.passed, (arch, result.failure)
         assert result.cycles and result.drafts_rejected and result.seconds < 2.0
@@ -167,3 +169,14 @@ def test_a_gpt2_shaped_target_is_read_from_its_own_names():
     assert run_self_test(target).passed
     shape = DrafterConfig.for_target(target, mask_token_id=5, num_layers=1, block_size=4)
     assert (shape.num_attention_heads, shape.num_key_value_heads, shape.intermediate_size) == (4, 4, 192)
+
+
+def test_a_cached_multi_token_forward_that_ignores_the_state_is_refused(tmp_path):
+    """transformers' Mamba mixer computes a forward of several tokens over a cache as if the state were empty: with
+    weights large enough for the state to matter, a verify's logits stray far from the one-token decode's, and the
+    self-test refuses the target before any token could be compared (tiny default weights hide it: their state
+    contributes next to nothing)."""
+    mamba = load_target(make_tiny_target(tmp_path / "mamba", "mamba", num_layers=2, init_std=0.3))
+    result = run_self_test(mamba)
+    assert not result.passed and result.logit_drift > 0.5
+    assert "a forward of several tokens over the cache does not compute" in result.failure
