@@ -102,10 +102,13 @@ def target_inspect(path: Path, allow_pickle: bool, device: str, dtype: str) -> N
 @click.option("--block-size", default=None, type=int,
               help="Defaults to the drafter's recommended draft length (from validation), else its block size.")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--adaptive-length", is_flag=True,
+              help="Verify per cycle only the drafts whose calibrated acceptance pays for their cost (the drafter's "
+                   "config.json draftsmith.confidence; step costs measured here first). docs/CONFIDENCE.md.")
 @device_options
 @user_errors
-def decode(target_dir, drafter_dir, prompt, max_new_tokens, temperature, top_p, top_k, block_size, seed, device,
-           dtype) -> None:
+def decode(target_dir, drafter_dir, prompt, max_new_tokens, temperature, top_p, top_k, block_size, seed,
+           adaptive_length, device, dtype) -> None:
     """Generate one response, speculatively when a drafter is given, and print tau and speed."""
     from schemas.sampling import SamplingParams
     from trainer.device import load_target_on
@@ -118,13 +121,31 @@ def decode(target_dir, drafter_dir, prompt, max_new_tokens, temperature, top_p, 
                             seed=seed)
     loaded = load_target_on(target_dir, device, dtype)
     drafter = load_drafter(drafter_dir, loaded.device, loaded.dtype) if drafter_dir else None
-    decoder = SpeculativeDecoder(loaded, drafter, block_size or (drafter and drafter.config.recommended_block_size))
     ids = render_prompt(loaded.tokenizer, [{"role": "user", "content": prompt}], params.chat_template)
+    if adaptive_length:
+        decoder = SpeculativeDecoder(loaded, drafter, block_size, verify_length=adaptive_rule(drafter_dir, drafter,
+                                                                                           loaded, ids))
+    else:
+        decoder = SpeculativeDecoder(loaded, drafter, block_size or (drafter and drafter.config.recommended_block_size))
     result = decoder.generate(ids, params, generator=seeded_generator(seed, loaded.device))
     click.echo(loaded.tokenizer.decode(result.tokens, skip_special_tokens=True))
     seconds = result.prefill_seconds + result.decode_seconds
     click.echo(f"[{len(result.tokens)} tokens, tau {result.tau:.2f}, {len(result.tokens) / seconds:.1f} tokens/s]",
                err=True)
+
+
+def adaptive_rule(drafter_dir, drafter, target, prompt_ids: list[int]):
+    """`decode --adaptive-length`'s rule: the shipped confidence map, and the step costs measured on this machine
+    (they differ between machines, so config.json does not carry them)."""
+    from trainer.confidence import ConfidenceMap, VerifyLength
+    from trainer.validation.report import measure_step_costs
+
+    if drafter is None:
+        raise click.UsageError("--adaptive-length needs a --drafter")
+    shipped = (json.loads((Path(drafter_dir) / "config.json").read_text()).get("draftsmith") or {}).get("confidence")
+    if not shipped:
+        raise click.UsageError(f"{drafter_dir}/config.json has no draftsmith.confidence: export a validated drafter")
+    return VerifyLength.from_costs(ConfidenceMap.from_json(shipped), measure_step_costs(target, drafter, prompt_ids))
 
 
 def train_default(name: str):

@@ -213,3 +213,25 @@ def test_a_score_never_reads_the_draft_at_its_own_position(tiny_qwen3, variant):
         other = path.clone()
         other[0, t:] = drawn()[t:]
         assert torch.equal(drafter.confidence(hidden, logits, torch.tensor([5]), other)[0, :t + 1], scores[0, :t + 1])
+
+
+def test_decode_reads_the_shipped_map(tiny_qwen3, tmp_path):
+    """`draftsmith decode --adaptive-length`: the map from the drafter's config.json, step costs measured first."""
+    import json
+
+    from click.testing import CliRunner
+
+    from trainer.cli import decode
+    from trainer.drafter.checkpoint import save_drafter
+
+    drafter_dir = save_drafter(random_drafter(tiny_qwen3, block_size=4, num_layers=1), tmp_path / "drafter")
+    args = ["--target", str(tiny_qwen3.path), "--drafter", str(drafter_dir), "--prompt", "Say 3 things.",
+            "--max-new-tokens", "6", "--adaptive-length"]
+    refused = CliRunner().invoke(decode, args)
+    assert refused.exit_code != 0 and "draftsmith.confidence" in refused.output
+    config = json.loads((drafter_dir / "config.json").read_text())
+    config.setdefault("draftsmith", {})["confidence"] = IDENTITY.to_json()
+    (drafter_dir / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(decode, args)
+    assert result.exit_code == 0, result.output
+    assert "tau" in result.output
