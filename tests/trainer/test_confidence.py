@@ -19,6 +19,7 @@ from trainer.confidence import (
     acceptance_pairs,
     auc,
     calibration_figures,
+    cross_fitted_maps,
     expected_calibration_error,
     fit_isotonic,
 )
@@ -235,3 +236,16 @@ def test_decode_reads_the_shipped_map(tiny_qwen3, tmp_path):
     result = CliRunner().invoke(decode, args)
     assert result.exit_code == 0, result.output
     assert "tau" in result.output
+
+
+def test_one_prompt_has_no_cross_fitted_map_and_no_adaptive_row(tiny_qwen3):
+    from trainer.data.prompts import Prompt
+    from trainer.validation.confidence_report import adaptive_row
+
+    pairs = [([0.2, 0.7], [False, True])]
+    assert cross_fitted_maps(pairs) == [None]
+    figures = calibration_figures(pairs, score="one prompt")
+    assert figures["ece"] is None and figures["auc"] == 1.0 and figures["map"]["score"] == [0.2, 0.7]
+    prompt = Prompt("p0", "c", ({"role": "user", "content": "hi"},))
+    assert adaptive_row(tiny_qwen3, random_drafter(tiny_qwen3, block_size=4, num_layers=1), [prompt], [[5, 6]],
+                        [[7, 8]], pairs, COSTS, 4, 4) is None

@@ -43,16 +43,15 @@ def confidence_figures(target: Target, drafter: Drafter, prompts: list[Prompt], 
     if not any(scores for scores, _ in pairs):
         return None
     figures = calibration_figures(pairs, score_name(drafter))
-    figures["adaptive_length"] = adaptive_row(target, drafter, prompts, rendered, references, pairs, costs,
-                                              recommended, max_new_tokens)
-    return figures
+    row = adaptive_row(target, drafter, prompts, rendered, references, pairs, costs, recommended, max_new_tokens)
+    return figures if row is None else {**figures, "adaptive_length": row}
 
 
 def adaptive_row(target: Target, drafter: Drafter, prompts: list[Prompt], rendered: list[list[int]],
                  references: list[list[int]], pairs: list, costs: Mapping, recommended: int,
-                 max_new_tokens: int) -> dict:
+                 max_new_tokens: int) -> dict | None:
     """The adaptive length against the fixed `recommended` block on the same prompts, paired per prompt (module
-    docstring: how)."""
+    docstring: how). None when no prompt has a map fitted on others (a single prompt) or no cycle was run."""
     taps = list(drafter.config.target_layer_ids)
     fixed_decoder = SpeculativeDecoder(target, drafter, block_size=recommended)
     adaptive_tau: list[tuple[float, float]] = []
@@ -72,6 +71,8 @@ def adaptive_row(target: Target, drafter: Drafter, prompts: list[Prompt], render
             tau.append((emitted, len(cycles)))
             speed.append((emitted, cycle_seconds(cycles, costs, decoder.block_size)))
         verified += [c.offered for c in cycles]  # the adaptive decoder's, the last of the two
+    if not ratio_of_sums(fixed_tau) or not ratio_of_sums(adaptive_tau):
+        return None
     step = costs["verify"][1]  # the target alone commits one token per decode step
 
     def speedup(rows: list) -> float:
