@@ -43,7 +43,8 @@ STAGE_INPUTS: dict[Stage, tuple[str, ...]] = {
                    "report.json"),
 }
 ARTIFACT_KINDS = {".safetensors": "safetensors", ".gguf": "gguf", ".jsonl": "metrics", ".html": "report-html"}
-NAMED_KINDS = {"README.md": "model-card", "report.json": "report", "manifest.json": "manifest", "config.json": "config"}
+NAMED_KINDS = {"README.md": "model-card", "report.json": "report", "manifest.json": "manifest", "config.json": "config",
+               "drafter-record.json": "drafter-record"}
 
 
 def execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageReporter,

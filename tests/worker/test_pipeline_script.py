@@ -88,6 +88,11 @@ def test_the_pipeline_script_retrains_warm_starts_and_keeps_against_draftsmith_s
         assert drafter["lineage"]["recipe"]["training"]["max_steps"] == 4  # the warm start's smaller budget
         assert drafter["lineage"]["code"]["packages"]["torch"] and drafter["lineage"]["data"]["snapshot"]["files"]
         assert drafter["metrics"]["parent_tau"] is not None and drafter["lossless"] is True
+        # Its shape, metrics and serving flags are the export's drafter-record.json, as written.
+        artifacts = {a["name"]: a for a in http.get(drafter["artifacts_path"]).json()["data"]}
+        record = json.loads(http.get(artifacts["drafter-record.json"]["download_path"], follow_redirects=True).content)
+        assert (drafter["config"], drafter["metrics"]) == (record["shape"], record["metrics"])
+        assert artifacts["drafter-record.json"]["kind"] == "drafter-record"
         audits = http.get("/v1/audits", params={"drafter": first_id}).json()["data"]
         assert audits[0]["status"] == "succeeded" and audits[0]["recommendation"] == "warm_start"
         assert audits[0]["result"]["compatibility"]["hidden_size"]["ok"]
