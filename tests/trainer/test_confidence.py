@@ -249,3 +249,12 @@ def test_one_prompt_has_no_cross_fitted_map_and_no_adaptive_row(tiny_qwen3):
     prompt = Prompt("p0", "c", ({"role": "user", "content": "hi"},))
     assert adaptive_row(tiny_qwen3, random_drafter(tiny_qwen3, block_size=4, num_layers=1), [prompt], [[5, 6]],
                         [[7, 8]], pairs, COSTS, 4, 4) is None
+
+
+def test_adaptive_length_over_a_draft_vocabulary_is_greedy_lossless(tiny_qwen3):
+    drafter = random_drafter(tiny_qwen3, "dflash2", block_size=8, scale=0.5)
+    drafter.draft_vocab = torch.arange(0, tiny_qwen3.vocab_size, 2)  # every other token
+    rule = VerifyLength(ConfidenceMap((0.05, 0.3), (0.0, 1.0)), 0.5, COSTS["verify"])
+    got = SpeculativeDecoder(tiny_qwen3, drafter, verify_length=rule).generate([5, 6, 7], GREEDY, stop_token_ids=[])
+    assert got.tokens == SpeculativeDecoder(tiny_qwen3).generate([5, 6, 7], GREEDY, stop_token_ids=[]).tokens
+    assert all(0.0 < s <= 1.0 for c in got.cycles for s in c.scores)
