@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from test_training import drafter_config, tiny_batch, tiny_data, tiny_target  # noqa: F401  (fixtures)
+from test_training import drafter_config, tiny_batch
 
 from schemas.validation_report import TrainingObjective
 from trainer.errors import DraftsmithError
@@ -106,19 +106,19 @@ def objective(target, variant: str = "dflash2", **settings) -> DistillationObjec
     return DistillationObjective(Drafter(drafter_config(target, variant)), frozen, **settings)
 
 
-def test_dpace_objective_trains_both_terms_and_leaves_decay_unchanged(tiny_target, tiny_data):  # noqa: F811
-    batch = tiny_batch(tiny_target, tiny_data)
-    decay = objective(tiny_target)(batch)
-    explicit = objective(tiny_target, weighting="decay", acceptance_loss_weight=0.0)(batch)
+def test_dpace_objective_trains_both_terms_and_leaves_decay_unchanged(learnable_target, learnable_data):
+    batch = tiny_batch(learnable_target, learnable_data)
+    decay = objective(learnable_target)(batch)
+    explicit = objective(learnable_target, weighting="decay", acceptance_loss_weight=0.0)(batch)
     torch.testing.assert_close(explicit["loss"], decay["loss"])
-    dpace = objective(tiny_target, weighting="dpace", dpace_alpha=0.5)(batch)
+    dpace = objective(learnable_target, weighting="dpace", dpace_alpha=0.5)(batch)
     assert not torch.allclose(dpace["ce"], decay["ce"])  # other weights, same predictions
     assert torch.equal(dpace["correct"], decay["correct"])
     grads = {}
     # DFlash: a random DFlash 2 selector's top-K rarely holds the gold token, and a miss accepts nothing, so
     # the term would have no gradient to show.
     for weight in (0.0, 1.0):
-        model = objective(tiny_target, "dflash", weighting="dpace", acceptance_loss_weight=weight)
+        model = objective(learnable_target, "dflash", weighting="dpace", acceptance_loss_weight=weight)
         out = model(batch)
         out["loss"].backward()
         grads[weight] = torch.cat([p.grad.flatten() for p in model.drafter.parameters() if p.grad is not None])
@@ -136,11 +136,11 @@ def test_out_of_range_objective_settings_are_refused_by_name():
 
 @pytest.mark.parametrize("settings", [{"position_weighting": "dpace"},
                                       {"position_weighting": "dpace", "acceptance_loss_weight": 0.5}])
-def test_training_runs_with_each_objective_and_records_it(tiny_target, tiny_data, tmp_path, settings):  # noqa: F811
+def test_training_runs_with_each_objective_and_records_it(learnable_target, learnable_data, tmp_path, settings):
     cfg = TrainConfig(steps=4, batch_size=2, anchors_per_sequence=4, lr=3e-3, warmup_steps=1, max_minutes=None,
                       checkpoint_every=10**6, **settings)
     records = []
-    drafter_dir = Trainer(tiny_target, tiny_data, tmp_path, drafter_config(tiny_target), cfg, [records.append]).run()
+    drafter_dir = Trainer(learnable_target, learnable_data, tmp_path, drafter_config(learnable_target), cfg, [records.append]).run()
     assert (drafter_dir / "model.safetensors").is_file()
     assert len(records) == 4 and all(math.isfinite(r["loss"]) for r in records)
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
