@@ -532,6 +532,9 @@ def test_a_warm_starts_parent_and_new_tau_show_with_the_advice_to_keep_the_paren
         "gain_sampled": {"temperature": 0.7, "ratio": 1.04, "ci95": [0.98, 1.1], "prompts": 12},
         "parent": {"name": "hf://z-lab/smollm2-dflash", "format": "z-lab", "variant": "dflash",
                    "upgrades": ["DFlash to DFlash 2"]},
+        "adapter": {"rank": 8, "alpha": 16.0, "trainable_parameters": 204288, "drafter_parameters": 33731200,
+                    "trainable_share": 0.006056, "bytes": 820000, "drafter_bytes": 134930000,
+                    "folder": "drafter-adapter"},
     }
     mode = {"enable_thinking": False, "has_system_prompt": True, "system_prompt_sha256": "ab12cd34" + "0" * 56,
             "temperature": 0.7, "top_p": 0.9, "top_k": 0}
@@ -549,5 +552,7 @@ def test_a_warm_starts_parent_and_new_tau_show_with_the_advice_to_keep_the_paren
     expect(rows.nth(1).locator("[data-new-tau]")).to_have_text("1.3 [1.2, 1.4]")
     expect(rows.nth(1).locator("[data-ratio]")).to_have_text("1.04× [0.98, 1.1]")
     expect(page.locator("#warm-start-parent")).to_contain_text("hf://z-lab/smollm2-dflash, z-lab format, dflash")
+    expect(page.locator("#warm-start-adapter")).to_contain_text(
+        "a rank-8 LoRA, alpha 16, 204,288 parameters (0.606 % of the drafter's 33,731,200)")
     expect(page.locator("#serving-mode")).to_contain_text("thinking off, system prompt ab12cd34, T=0.7, top-p 0.9")
     assert_accessible(page, "a warm start's before and after")

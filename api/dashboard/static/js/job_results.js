@@ -88,6 +88,22 @@ function servingModeText(mode) {
 }
 
 /**
+ * A drafter adapter job's line (report.json `warm_start.adapter`), worded as report.html's (report/warm_start.py
+ * `adapter_text`): the LoRA's rank and size against the whole drafter's, and that the τ are the merged drafter's.
+ */
+function adapterLine(adapter) {
+  if (!adapter || typeof adapter !== "object") return null;
+  const count = (n) => (typeof n === "number" ? n.toLocaleString("en-US") : "–");
+  const share = typeof adapter.trainable_share === "number"
+    ? ` (${fmtNum(100 * adapter.trainable_share, 3)} % of the drafter's ${count(adapter.drafter_parameters)})` : "";
+  const alpha = typeof adapter.alpha === "number" ? `, alpha ${adapter.alpha}` : "";
+  return h("p", { class: "muted", id: "warm-start-adapter", text: `Trained as a drafter adapter (preview): a rank-` +
+    `${adapter.rank ?? "–"} LoRA${alpha}, ${count(adapter.trainable_parameters)} parameters${share}, ` +
+    `${fmtBytes(adapter.bytes)} in ${adapter.folder || "drafter-adapter"}/ against ${fmtBytes(adapter.drafter_bytes)} for the ` +
+    "drafter. The τ here are the adapter merged into its parent (drafter/, the drafter to serve)." });
+}
+
+/**
  * Parent τ against the new drafter's on the same held-out prompts and seeds, at T=0 and at the job's own
  * parameters, each with its 95 % interval, and the paired ratio new / parent with its interval.
  */
@@ -116,6 +132,7 @@ export function warmStartSection(report) {
       (Array.isArray(parent.upgrades) && parent.upgrades.length ? `; upgraded: ${parent.upgrades.join("; ")}` : "") +
       (Array.isArray(parent.dropped_tensors) && parent.dropped_tensors.length ? `; dropped: ${parent.dropped_tensors.join("; ")}` : "") }) : null,
     mode ? h("p", { class: "muted", text: `Both measured on the same ${ws.prompts ?? "–"} held-out prompts, in the serving mode: ${mode}.` }) : null,
+    adapterLine(ws.adapter),
     h("table", { class: "facts", id: "warm-start-table" },
       h("thead", {}, h("tr", {}, ["sampling", "parent τ [95 %]", "new τ [95 %]", "new / parent [95 %, paired]"]
         .map((t) => h("th", { scope: "col", text: t })))),
