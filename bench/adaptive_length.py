@@ -30,9 +30,11 @@ def prompts(start: int, count: int, category: str = "c"):
 
     from trainer.data.prompts import Prompt
 
+    vocabulary = [f"w{n}" for n in range(200)]
+
     def words(i: int) -> str:
-        rng = random.Random(i)
-        return " ".join(f"w{rng.randrange(200)}" for _ in range(6 + i % 5))
+        rng = random.Random(i)  # a pick per word (the same draws as randrange(200)), not a resample
+        return " ".join(rng.choice(vocabulary) for _ in range(6 + i % 5))
 
     return [Prompt(f"p{i}", category, ({"role": "user", "content": words(i)},)) for i in range(start, start + count)]
 
