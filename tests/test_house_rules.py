@@ -286,7 +286,7 @@ def test_bundled_targets_are_listed_once():
     assert not found, f"read schemas.job_spec.BUNDLED_TABLE: {sorted(found)}"
 
 
-# Functions a reader can hold (house plan S8, issue 34): no product function over `LIMIT` lines, as a ratchet.
+# Functions a reader can hold: no product function over `LIMIT` lines, as a ratchet.
 #
 # A function's length is its lines from `def` to its last line (`end_lineno - lineno + 1`; decorators excluded,
 # its docstring, comments and blank lines included). A nested function counts twice: within its parent, whose
