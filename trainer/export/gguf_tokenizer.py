@@ -66,13 +66,6 @@ def add_tokenizer_metadata(kv: OrderedMetadata, hp: dict[str, Any], target_dir: 
         kv.set("tokenizer.ggml.mask_token_id", int(mask_id), V.UINT32)
 
 
-class _Items(list):
-    """The keys `_tokenizer_items` sets, in order, replayed onto a file's OrderedMetadata."""
-
-    def set(self, key: str, value: Any, vtype: gguf.GGUFValueType) -> None:
-        self.append((key, value, vtype))
-
-
 def _folder_stamp(target_dir: Path) -> tuple[tuple[str, int, int], ...]:
     """Name, size and modification time of every file in the target folder but its weights: a tokenizer
     rewritten in place has another stamp, so `_tokenizer_items` reads it again."""
@@ -88,7 +81,9 @@ def _tokenizer_items(target_dir: Path, stamp: tuple, target_arch: str, tokenizer
                      drafter_vocab_size: int | None) -> tuple[tuple[str, Any, gguf.GGUFValueType], ...]:
     from transformers import AutoTokenizer
 
-    kv = _Items()
+    from trainer.export.gguf_writer import OrderedMetadata  # here: gguf_writer imports this module
+
+    kv = OrderedMetadata()
     tokenizer_json = json.loads((target_dir / "tokenizer.json").read_text(encoding="utf-8"))
     tokenizer_config = _read_json(target_dir / "tokenizer_config.json")
     model = tokenizer_json.get("model", {})
@@ -121,7 +116,7 @@ def _tokenizer_items(target_dir: Path, stamp: tuple, target_arch: str, tokenizer
     _special_vocabulary(kv, target_dir, tokenizer_json, tokenizer_config)
     if target_arch in LLAMA_FAMILY and (drafter_vocab_size or 32000) == 49152:
         kv.set("tokenizer.ggml.add_bos_token", False, V.BOOL)  # llama.cpp's rule for SmolLM/Granite vocabs
-    return tuple(kv)
+    return tuple((key, value, vtype) for key, (value, vtype) in kv.items.items())
 
 
 def _token_table(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int]]:
@@ -162,7 +157,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def _special_vocabulary(kv: _Items, target_dir: Path, tokenizer_json: dict[str, Any],
+def _special_vocabulary(kv: OrderedMetadata, target_dir: Path, tokenizer_json: dict[str, Any],
                         tokenizer_config: dict[str, Any]) -> None:
     """Merges, special token ids, add-BOS/EOS/SEP flags, chat template and normalizer flags, with
     the precedence llama.cpp's gguf-py SpecialVocab uses: the tokenizer.json post-processor decides
