@@ -202,7 +202,7 @@ def _drafter_record(ctx, session, job_id: str, work: Callable[[str], dict[str, A
     # after a deploy or a retried destination, and its export wrote no record and will not run again. Its record is
     # built from the files that export did write, by the export's own rule (trainer/export/record.py), so nothing
     # is derived here. Delete this once no job exported before drafter-record.json remains unpublished.
-    from trainer.export.record import record_of_export
+    from trainer.export import record_of_export
 
     config = artifact_named(session, job_id, "drafter/config.json")
     if config is None:
