@@ -6,6 +6,12 @@ import torch
 
 from trainer.drafter import Drafter, DrafterConfig
 
+EXPORTED_CONFIG = DrafterConfig(
+    variant="dflash", hidden_size=64, intermediate_size=128, num_layers=1, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=256, vocab_size=512,
+    num_target_layers=4, target_layer_ids=(1, 2), block_size=4, mask_token_id=5)
+"""A small exported drafter's config, for the worker tests that hand publish what an export writes (no weights)."""
+
 
 def random_drafter(target, variant: str = "dflash2", *, block_size: int = 8, num_layers: int = 2,
                    seed: int = 0, scale: float = 0.1, **overrides) -> Drafter:

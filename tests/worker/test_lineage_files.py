@@ -13,23 +13,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from drafters import EXPORTED_CONFIG
 
 from schemas.job_spec import JobSpec
 from schemas.lineage import DrafterLineage, DrafterMetrics, DrafterRecord, DrafterShape
 from schemas.validation_report import ValidationReport
 from schemas.work_files import PinnedSources, StageMarker
-from trainer.drafter.config import DrafterConfig
 from trainer.export.record import drafter_record
 
 WORK = "jobs/job_1/work"
 REPORT = {"version": 1, "tau": 1.6, "tau_per_position": [0.9, 0.7], "recommended_block_size": 4,
           "lossless": {"greedy": {"mismatches": 0}, "sampling": {"p_value": 0.5, "status": "passed"}},
           "target_fingerprint": "sha256:report"}
-CONFIG = DrafterConfig(variant="dflash", hidden_size=64, intermediate_size=128, num_layers=1, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
-                       max_position_embeddings=256, vocab_size=512, num_target_layers=4, target_layer_ids=(1, 2),
-                       block_size=4, mask_token_id=5)
-DRAFTER_CONFIG = CONFIG.to_hf_dict()  # drafter/config.json as the export writes it
+DRAFTER_CONFIG = EXPORTED_CONFIG.to_hf_dict()  # drafter/config.json as the export writes it
 
 
 class Storage:
@@ -172,7 +168,7 @@ def test_the_record_the_export_writes_is_what_the_worker_records(monkeypatch):
     The same job exported before the record existed (no drafter-record.json) is recorded identically."""
     warm_start = {"parent_tau": 1.3, "tau": 1.5, "advice": "serve_new", "parent": {"name": "hf://z-lab/parent"}}
     report = {**REPORT, "warm_start": warm_start}
-    written = drafter_record(CONFIG, ValidationReport.read(report)).to_json()
+    written = drafter_record(EXPORTED_CONFIG, ValidationReport.read(report)).to_json()
     spec = {"target": {"uri": "bundled:smollm2-135m"}, "init": {"from_drafter": "hf://z-lab/parent"}}
     work = {name: content for name, content in GOOD.items() if name != "report.json"}
     new = record(monkeypatch, work, spec, drafter=json.loads(json.dumps(written)))
@@ -194,6 +190,6 @@ def test_the_record_the_export_writes_is_what_the_worker_records(monkeypatch):
 def test_a_record_missing_what_the_export_always_writes_fails_the_publish(monkeypatch):
     from trainer.errors import DraftsmithError
 
-    written = drafter_record(CONFIG, ValidationReport.read(REPORT)).to_json()
+    written = drafter_record(EXPORTED_CONFIG, ValidationReport.read(REPORT)).to_json()
     with pytest.raises(DraftsmithError, match="drafter-record.json does not fit"):
         record(monkeypatch, GOOD, drafter={**written, "shape": {**written["shape"], "hidden_size": None}})

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from api_harness import Harness, build_harness, make_settings
+from drafters import EXPORTED_CONFIG
 from hub_standin import HubStandIn
 from services import fresh_postgres_database
 from sqlalchemy import select
@@ -27,7 +28,6 @@ from domain import runs
 from domain.models import Audit, Job, new_id
 from domain.queue import all_queues
 from schemas.job_spec import JobSpec
-from trainer.drafter.config import DrafterConfig
 from trainer.export.record import drafter_record
 
 DEPLOYMENT_TOKEN = "hf_deployment_token_reads_everything_01"
@@ -36,11 +36,6 @@ MACHINE_TOKEN = "hf_token_found_on_the_worker_machine_01"
 TRUSTED = "draftsmith-models"
 MODEL = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"\0" * 64}
 DRAFTER = {"config.json": b'{"block_size": 4}', "model.safetensors": b"\1" * 64}
-EXPORTED = DrafterConfig(variant="dflash", hidden_size=64, intermediate_size=128, num_layers=1, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
-                         max_position_embeddings=256, vocab_size=512, num_target_layers=4, target_layer_ids=(1, 2),
-                         block_size=4, mask_token_id=5)
-"""The drafter an export hands publish: its config.json and drafter-record.json (trainer/export/record.py)."""
 PROMPTS = {"prompts.jsonl": b'{"prompt": "hello"}\n' * 12}
 
 
@@ -186,8 +181,8 @@ def test_the_organisations_own_token_is_sent_and_a_trusted_namespace_gets_the_de
     for _ in range(5):  # prepare .. export, by the stage-runner API; then what export registers for publish
         harness.runner.run_stage(job_id)
     with harness.services.session_factory() as session:
-        for name, data in (("drafter/config.json", json.dumps(EXPORTED.to_hf_dict()).encode()),
-                           ("drafter-record.json", json.dumps(drafter_record(EXPORTED, None).to_json()).encode()),
+        for name, data in (("drafter/config.json", json.dumps(EXPORTED_CONFIG.to_hf_dict()).encode()),
+                           ("drafter-record.json", json.dumps(drafter_record(EXPORTED_CONFIG, None).to_json()).encode()),
                            ("manifest.json", json.dumps({"files": {}}).encode())):
             local = Path(ctx.cache) / "upload" / name
             local.parent.mkdir(parents=True, exist_ok=True)
