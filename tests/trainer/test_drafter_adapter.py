@@ -359,3 +359,44 @@ def test_a_run_with_a_drafter_adapter_reports_and_exports_it_end_to_end(target, 
         (out / "manifest.json").read_text())["files"]
     assert 'id="drafter-adapter"' in (out / "report.html").read_text()
     assert f"a rank-{RANK} LoRA" in (out / "README.md").read_text()
+
+
+def test_an_adapter_over_a_dflash_parent_applies_to_the_parent_upgraded(target, data, tmp_path):
+    """A DFlash (v1) parent starts a DFlash 2 job upgraded (identity convolutions, an argmax selector); the adapter
+    trains over that upgraded parent, leaves the parts the upgrade added as the upgrade made them, and loads with
+    peft onto the upgraded parent (what the adapter's README and report.json's upgrades say it applies to)."""
+    from peft import PeftModel
+    from test_parent_formats import write_zlab
+
+    from trainer.training.init import start_from_parent
+
+    parent = random_drafter(target, "dflash", num_layers=1, block_size=4, target_layer_ids=TAPS, seed=5)
+    folder = write_zlab(parent, tmp_path / "v1-parent")
+    config = DrafterConfig.for_target(target, variant="dflash2", num_layers=1, block_size=4,
+                                      mask_token_id=parent.config.mask_token_id, target_layer_ids=TAPS,
+                                      selector_rank=8, selector_top_k=8)
+    cfg = adapter_cfg(folder)
+    out = tmp_path / "run"
+    drafter_dir = Trainer(target, data, out, config, cfg).run()
+
+    def upgraded():
+        torch.manual_seed(cfg.seed)  # the upgrade's new parts as the trainer drew them (trainer/training/init.py)
+        started = start_from_parent(config, str(folder))
+        assert started.origin.upgrades[0].startswith("DFlash to DFlash 2")
+        return started.drafter.float().eval()
+
+    base, merged = upgraded().state_dict(), load_drafter(drafter_dir).eval()
+    # The upgrade's parts no LoRA wraps (the selector, the convolutions' base kernels) stay as the upgrade made them.
+    added = [name for name in base if name.startswith("candidate_selector.") or "base_kernel" in name]
+    assert any("base_kernel" in name for name in added) and not set(added) & set(parent.state_dict())
+    for name in added:
+        assert torch.equal(merged.state_dict()[name], base[name]), name
+    assert not torch.equal(merged.state_dict()["fc.weight"], base["fc.weight"])
+    with torch.no_grad():
+        inputs = block_inputs(target, merged.config)
+        adapted = PeftModel.from_pretrained(upgraded(), str(out / ADAPTER_DIR)).eval()
+        torch.testing.assert_close(adapted(*inputs), merged(*inputs), rtol=1e-5, atol=1e-5)
+    greedy = SamplingParams(max_new_tokens=24)
+    for prompt in ([12, 40, 41, 42], [5, 90, 17]):
+        assert SpeculativeDecoder(target, merged).generate(prompt, greedy).tokens == \
+            SpeculativeDecoder(target).generate(prompt, greedy).tokens
