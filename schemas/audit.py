@@ -13,7 +13,7 @@ else the organisation's (`PUT /v1/audit-thresholds`), else the defaults below.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -28,14 +28,7 @@ from schemas.job_spec import (
     check_drafter_ref,
 )
 from schemas.sampling import SamplingParams
-from schemas.validation_report import (
-    CategoryAcceptance,
-    DeviceDescription,
-    GreedyGate,
-    Lossless,
-    ServingMode,
-    Speedup,
-)
+from schemas.validation_report import Lossless, MeasuredFigures, ValidationReport
 from schemas.work_files import LenientModel, VersionedFile
 
 KEEP_MIN_GAIN_RATIO = 0.9
@@ -158,33 +151,27 @@ class AuditRecommendation(LenientModel):
     thresholds: dict[str, Any] | None = Field(default=None, description="The AuditThresholds it was judged by.")
 
 
-class AuditResult(VersionedFile):
+class AuditResult(MeasuredFigures, VersionedFile):
     """An audit's result (the `result` of GET /v1/audits/{id}, `draftsmith audit --json`), read leniently like the
-    work files (schemas/work_files.py): results stored before it had a `version` read as version 1."""
+    work files (schemas/work_files.py): results stored before it had a `version` read as version 1. The figures it
+    measured are validation's own (`MeasuredFigures`, report.json's fields: tau, speedup, device, ...), so the
+    audit's JSON names and types each as report.json does; the rest is the audit's."""
 
     compatible: bool | None = None
     compatibility: Compatibility | None = None
     lossless: AuditLossless | None = None
-    tau: float | None = None
-    tau_per_position: list[float | None] | None = None
-    acceptance_by_category: dict[str, CategoryAcceptance] | None = None
-    oracle_tau: float | None = None
-    block_size: int | None = None
-    recommended_block_size: int | None = None
-    speedup: Speedup | None = None
     reference: AuditReference | None = None
     recommendation: AuditRecommendation | None = None
-    prompts: int | None = None
-    sampling_parameters: dict[str, Any] | None = None
-    validation_max_new_tokens: int | None = None
-    target_fingerprint: str | None = None
-    device: DeviceDescription | None = None
-    greedy_gate: GreedyGate | None = None
-    serving_mode: ServingMode | None = Field(default=None, description="The chat-template options and sampling "
-                                             "parameters the drafter was measured in (the job's serving mode).")
     tokens_generated: int | None = None
     minutes: float | None = None
     drafter_revision: str | None = Field(default=None, description="The drafter version fetched (the worker's).")
+
+    @classmethod
+    def measured(cls, report: ValidationReport, **fields: Any) -> Self:
+        """The result of an audit whose measurement is `report` (validation's, on the new target): its figures as
+        report.json holds them, its lossless verdict inside `lossless`, and the audit's own `fields` over them."""
+        lossless = AuditLossless.read({"passed": report.passed, **(report.lossless.to_json() if report.lossless else {})})
+        return cls.written(**(report.measured_figures() | {"lossless": lossless} | fields))
 
     @property
     def action(self) -> str | None:

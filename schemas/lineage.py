@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Self
 from pydantic import Field
 
 from schemas.validation_report import (
-    CategoryAcceptance,
+    AcceptanceFigures,
     DrafterAdapterFigures,
     PairedGain,
     ValidationReport,
@@ -74,18 +74,15 @@ class ServingSettings(LenientModel):
                    llama_cpp=f"--spec-type draft-dflash --spec-draft-n-max {block - 1}")
 
 
-class DrafterMetrics(VersionedFile):
-    """What validation measured (report.json's headline figures), and the parent's tau on the same target."""
+class DrafterMetrics(AcceptanceFigures, VersionedFile):
+    """What validation measured: report.json's acceptance figures (`AcceptanceFigures`, its own fields), its verdicts
+    and speedup ratio flattened, and the parent's tau on the same target."""
 
-    tau: float | None = None
-    tau_per_position: list[float | None] | None = None
-    acceptance_by_category: dict[str, CategoryAcceptance] | None = None
-    oracle_tau: float | None = None
     lossless_passed: bool | None = None
     greedy_mismatches: int | None = None
     sampling_p_value: float | None = None
     recommended_block_size: int | None = None
-    speedup: float | None = None
+    speedup: float | None = Field(default=None, description="report.json's speedup.ratio.")
     parent_tau: float | None = Field(default=None, description="A warm start's parent on the same prompts.")
     serving: ServingSettings | None = None
 

@@ -9,8 +9,11 @@ reshapes a field bumps REPORT_VERSION and says here how the older shape is read.
 Reading is lenient, as report.json's readers always were: every field has a default (None: the figure is missing and
 shows as "–"), keys this model does not know are kept (`extra="allow"`: a newer writer's additions survive a round
 trip), and `ValidationReport.read` drops a top-level field whose value does not fit its type rather than fail (an odd
-or hand-edited report still renders). Writing is exact: `to_json()` gives back the keys that were set, in
-validate()'s order, so report.json keeps the JSON it had before the model (plus `version`).
+or hand-edited report still renders). Writing is exact: `to_json()` gives back the keys that were set, in the
+model's field order (version, passed, block_size, tau first): report.json's keys and values as before (+ `version`).
+
+One measurement's figures are declared once (`MeasuredFigures`, `AcceptanceFigures`): an audit's result and a
+drafter's metrics inherit them rather than repeat them.
 
 The JSON Schema of this model (`report_json_schema`) is committed as report/static/validation_report.schema.json,
 which the dashboard reads (tests/test_validation_report.py keeps the two equal). Pure pydantic: no torch.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import ConfigDict, Field
@@ -403,44 +407,67 @@ class TargetDescription(_Part):
                                              "(prepare.json's): speculative decoding against the target alone.")
 
 
-class ValidationReport(_Part):
-    """report.json: the validation report of one drafter (trainer/validation/report.py's docstring: what is
-    measured, and how)."""
-
-    model_config = ConfigDict(extra="allow", json_schema_extra={"x-report-version": REPORT_VERSION})
-
+class _ReportHead(_Part):  # report.json's first keys: the model's field order is the file's key order
     version: int = Field(default=1, description=f"The report's shape; absent: 1. Written now: {REPORT_VERSION}.")
     passed: bool | None = Field(default=None, description="Lossless: the drafter may be published.")
+
+
+class _TrainedBlock(_Part):  # a base of its own only to keep report.json's key order (MeasuredFigures)
     block_size: int | None = Field(default=None, description="The trained block size.")
+
+
+class AcceptanceFigures(_Part):
+    """A drafter's acceptance in sum: report.json's, an audit's (schemas/audit.py), a drafter's metrics (lineage.py)."""
+
     tau: float | None = Field(default=None, description="Mean acceptance length at the trained block size.")
-    tau_greedy: TauAtTemperature | None = Field(default=None, description="tau at T=0, by replay of the target's "
-                                                "greedy output.")
-    tau_sampled: TauAtTemperature | None = Field(default=None, description="tau at the job's own sampling parameters, "
-                                                 "measured by speculative sampling (the T=0 figure for a greedy job).")
     tau_per_position: list[float | None] | None = None
-    acceptance_by_position: list[AcceptanceAtPosition] | None = None
     acceptance_by_category: dict[str, CategoryAcceptance] | None = None
     oracle_tau: float | None = Field(default=None, description="tau with the gold token anywhere in the top-K.")
-    cycles: int | None = None
-    acceptance_measured_by: str | None = None
-    prompts: int | None = None
-    expected_tau_by_block_size: dict[int, float] | None = None
     recommended_block_size: int | None = Field(
         default=None, description="The block size of the best estimated speedup on the validation machine.")
-    estimated_speedup_by_block_size: dict[int, float] | None = None
-    step_costs_ms: StepCosts | None = None
+
+
+class MeasuredFigures(AcceptanceFigures, _TrainedBlock):
+    """One measurement of a drafter against a target: report.json's, and an audit's on a new target (`AuditResult`).
+    Bases in this order: pydantic orders fields base-most first, and report.json starts version, passed, block_size."""
+
+    prompts: int | None = None
     lossless: Lossless | None = None
     speedup: Speedup | None = None
-    serving_advice: ServingAdvice | None = None
     sampling_parameters: dict[str, Any] | None = Field(default=None, description="The job's SamplingParams.")
     validation_max_new_tokens: int | None = None
     target_fingerprint: str | None = None
-    target: TargetDescription | None = None
-    training_objective: TrainingObjective | None = None
     device: DeviceDescription | None = None
     greedy_gate: GreedyGate | None = None
     serving_mode: ServingMode | None = Field(default=None, description="The mode "
                                              "every tau here was measured in: the one the target serves in.")
+
+    def measured_figures(self) -> dict[str, Any]:
+        """Every figure by name, typed (None: not measured): what a record repeating them (an audit's) is built of."""
+        return {name: getattr(self, name) for name in MeasuredFigures.model_fields}
+
+
+class ValidationReport(MeasuredFigures, _ReportHead):
+    """report.json: the validation report of one drafter (trainer/validation/report.py's docstring: what is
+    measured, and how)."""
+
+    # Its measured figures are MeasuredFigures' fields, shared with an audit's result; the rest are validation's own.
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"x-report-version": REPORT_VERSION})
+
+    tau_greedy: TauAtTemperature | None = Field(default=None, description="tau at T=0, by replay of the target's "
+                                                "greedy output.")
+    tau_sampled: TauAtTemperature | None = Field(default=None, description="tau at the job's own sampling parameters, "
+                                                 "measured by speculative sampling (the T=0 figure for a greedy job).")
+    acceptance_by_position: list[AcceptanceAtPosition] | None = None
+    cycles: int | None = None
+    acceptance_measured_by: str | None = None
+    expected_tau_by_block_size: dict[int, float] | None = None
+    estimated_speedup_by_block_size: dict[int, float] | None = None
+    step_costs_ms: StepCosts | None = None
+    serving_advice: ServingAdvice | None = None
+    target: TargetDescription | None = None
+    training_objective: TrainingObjective | None = None
     warm_start: WarmStart | None = None
     engines: EngineFigures | None = None
     confidence: ConfidenceFigures | None = Field(default=None, description="The drafter's calibrated confidence "
@@ -468,8 +495,6 @@ def report_json_schema_text() -> str:
 
 
 if __name__ == "__main__":  # python -m schemas.validation_report: rewrite the committed schema after a change
-    from pathlib import Path
-
     target = Path(__file__).resolve().parents[1] / "report" / "static" / "validation_report.schema.json"
     target.write_text(report_json_schema_text())
     print(f"wrote {target}")

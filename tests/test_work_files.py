@@ -5,14 +5,16 @@ and drops a field of the wrong type instead of failing. Pure pydantic: no torch,
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from schemas.audit import AuditResult
 from schemas.lineage import DrafterLineage, DrafterMetrics, DrafterShape
-from schemas.validation_report import ValidationReport
+from schemas.validation_report import MeasuredFigures, ValidationReport
 from schemas.work_files import LenientModel, PinnedSources, PreparedTarget, StageMarker, VersionedFile
 
+SAMPLE_REPORT = Path(__file__).parent / "dashboard" / "data" / "sample_job" / "report.json"
 SOURCES = {"target": {"uri": "hf://acme/llama@main", "revision": "abc", "pinned_uri": "hf://acme/llama@abc"},
            "prompts": {"uri": "builtin", "revision": None, "pinned_uri": "builtin"}}
 PREPARED = {"target_path": "/models/llama", "fingerprint": "sha256:ff", "adapter_path": None, "mask_token_id": 7,
@@ -102,3 +104,16 @@ def test_the_audit_result_answers_its_verdict_even_when_sections_are_missing():
     read = AuditResult.read({"lossless": "??", "recommendation": {"action": "retrain"}})
     assert (read.action, read.passed) == ("retrain", False)
     assert AuditResult.read(AUDIT).passed and AuditResult.read(AUDIT).action == "warm_start"
+
+
+def test_an_audit_carries_report_jsons_figures_as_report_json_writes_them():
+    """The audit's figures are validation's own fields: built from a report, they give back report.json's JSON."""
+    report = ValidationReport.read(json.loads(SAMPLE_REPORT.read_text()))
+    audit = AuditResult.measured(report, compatible=True)
+    shared = {name: value for name, value in report.to_json().items() if name in MeasuredFigures.model_fields}
+    shared["lossless"] = {**shared["lossless"], "passed": report.passed}  # the audit's verdict sits in its section
+    assert len(shared) >= 8 and {name: audit.to_json()[name] for name in shared} == shared
+    assert audit.speedup == report.speedup and audit.speedup is not None and audit.speedup.ratio_ci95
+    assert audit.passed and audit.lossless is not None and audit.lossless.greedy == report.greedy
+    metrics = DrafterMetrics.read(report.to_json())  # the drafter's metrics hold the acceptance figures the same way
+    assert (metrics.tau, metrics.acceptance_by_category) == (report.tau, report.acceptance_by_category)

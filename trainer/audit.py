@@ -35,7 +35,6 @@ from pathlib import Path
 import torch
 
 from schemas.audit import (
-    AuditLossless,
     AuditRecommendation,
     AuditReference,
     AuditResult,
@@ -154,28 +153,16 @@ def audit_drafter(target: Target, drafter_path: str | Path, prompts: list[Prompt
     report = validate(target, drafter, prompts, params, max_new_tokens=max_new_tokens,
                       sampling_draws=sampling_draws, on_progress=on_progress, device_plan=device_plan)
     same = bool(fits.fingerprint and fits.fingerprint.same)
-    return AuditResult.written(
+    return AuditResult.measured(
+        report,
+        prompts=len(prompts), sampling_parameters=params.model_dump(mode="json"),
+        validation_max_new_tokens=max_new_tokens, target_fingerprint=target.fingerprint,
         compatible=True,
         compatibility=fits,
-        lossless=AuditLossless.read({"passed": report.passed, **report.lossless.to_json()}),
-        tau=report.tau,
-        tau_per_position=report.tau_per_position,
-        acceptance_by_category=report.acceptance_by_category,
-        oracle_tau=report.oracle_tau,
-        block_size=report.block_size,
-        recommended_block_size=report.recommended_block_size,
-        speedup=report.speedup,
         reference=AuditReference(tau=reference_tau, source=reference_source,
                                  delta=None if reference_tau is None else round(report.tau - reference_tau, 4)),
         recommendation=recommend(report.tau, reference_tau, lossless=report.passed, same_fingerprint=same,
                                  thresholds=thresholds),
-        prompts=len(prompts),
-        sampling_parameters=params.model_dump(mode="json"),
-        validation_max_new_tokens=max_new_tokens,
-        target_fingerprint=target.fingerprint,
-        device=report.device,
-        greedy_gate=report.greedy_gate,
-        serving_mode=report.serving_mode,
         tokens_generated=validation_tokens(len(prompts), max_new_tokens, sampling_draws,
                                            every_prompt=report.greedy_gate.every_prompt,
                                            shaped_reference=report.greedy_gate.verify_width > 1).total,
