@@ -140,3 +140,78 @@ def make_bpe_target(target_dir: Path, *, hidden_size: int = 64, num_layers: int 
     torch.manual_seed(seed)
     getattr(transformers, model_name)(config).save_pretrained(target_dir)
     return target_dir
+
+
+_GEMMA_TEXT = ["the quick brown fox jumps over the lazy dog", "a drafter proposes tokens and the target checks them",
+               "speculative decoding is lossless when every draft is verified", "héllo wörld 1234 5678 ✅"]
+GEMMA_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}"
+                       "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def _gemma_config(target_dir: Path, arch: str, vocab_size: int) -> None:
+    """A tiny Gemma config (no weights: what the GGUF writer and llama.cpp's converter read of a target)."""
+    import transformers
+
+    config_name, model_name, extra = ARCH_CONFIGS[arch]
+    config = getattr(transformers, config_name)(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, bos_token_id=2, eos_token_id=1, pad_token_id=0, **extra)
+    config.architectures = [model_name]
+    config.save_pretrained(target_dir)
+
+
+def make_sentencepiece_target(target_dir: Path, *, vocab_size: int = 512) -> Path:
+    """A Gemma 3 target folder whose vocabulary is a real SentencePiece model (`tokenizer.model`, trained here on a
+    few lines in milliseconds: byte fallback, Gemma's special ids, two control and one user-defined piece) with
+    a tokenizer_config.json naming its special and added tokens, as Gemma 3's release has; the config's
+    vocab_size is larger than the model's pieces, so the GGUF's padding is exercised too."""
+    import io
+    import json
+
+    import sentencepiece
+
+    target_dir = Path(target_dir)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(_GEMMA_TEXT * 8), model_writer=model, vocab_size=320, model_type="bpe",
+        byte_fallback=True, pad_id=0, eos_id=1, bos_id=2, unk_id=3, character_coverage=1.0,
+        control_symbols=["<start_of_turn>", "<end_of_turn>"], user_defined_symbols=["<start_of_image>"],
+        hard_vocab_limit=False, minloglevel=2)
+    (target_dir / "tokenizer.model").write_bytes(model.getvalue())
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    pieces = processor.vocab_size()
+    added = {pieces: ("<image_soft_token>", True), pieces + 1: ("<unused0>", False), pieces + 2: ("<custom>", False)}
+    decoder = {str(i): {"content": processor.IdToPiece(i), "special": True} for i in range(4)}
+    decoder.update({str(i): {"content": content, "special": special} for i, (content, special) in added.items()})
+    (target_dir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+        "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False, "added_tokens_decoder": decoder,
+        "chat_template": GEMMA_CHAT_TEMPLATE}, indent=2))
+    _gemma_config(target_dir, "gemma3", vocab_size)
+    return target_dir
+
+
+def make_gemma4_tokenizer_target(target_dir: Path) -> Path:
+    """A Gemma 4 target folder with a byte-fallback BPE tokenizer.json (Gemma 4's kind: `<0xNN>` byte tokens, a
+    Sequence decoder, merges) built here by hand, with special tokens and chat-parser tokens added past it."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    target_dir = Path(target_dir)
+    letters = sorted(set("".join(_GEMMA_TEXT).replace(" ", "")) - set("✅"))
+    merges = [("▁", "t"), ("h", "e"), ("▁t", "he"), ("▁", "a"), ("o", "n"), ("e", "r")]
+    vocab_list = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + ["▁"] + letters
+    vocab_list += ["".join(pair) for pair in merges if "".join(pair) not in vocab_list]
+    backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(vocab_list)}, merges=merges,
+                                   unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>",
+                                        pad_token="<pad>", unk_token="<unk>")
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|turn>", "<turn|>"]})
+    tokenizer.add_tokens(["<|channel>", "<channel|>", "<custom>"])
+    tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
+    tokenizer.save_pretrained(target_dir)
+    _gemma_config(target_dir, "gemma4", len(tokenizer))
+    return target_dir

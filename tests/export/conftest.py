@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_targets import make_bpe_target, smollm2_gguf
+from tiny_targets import make_bpe_target, make_gemma4_tokenizer_target, make_sentencepiece_target, smollm2_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 ORACLE_ENV = "DRAFTSMITH_LLAMA_CPP_DIR"
@@ -59,7 +59,7 @@ def build_target(target_dir: Path) -> None:
 
 
 def build_drafter(drafter_dir: Path, dflash2: bool, own_tables: bool, dtype: torch.dtype,
-                  target_embedding: torch.Tensor, seed: int) -> None:
+                  target_embedding: torch.Tensor | None, seed: int, vocab_size: int = VOCAB) -> None:
     from dflash.model import DFlash2DraftModel, DFlashDraftModel
     from safetensors.torch import save_file
     from transformers import Qwen3Config
@@ -67,7 +67,7 @@ def build_drafter(drafter_dir: Path, dflash2: bool, own_tables: bool, dtype: tor
     dflash_config: dict[str, Any] = {"block_size": 8, "mask_token_id": 3, "target_layer_ids": [1, 2]}
     if dflash2:  # top-k 4: llama.cpp needs hidden >= k * (k + 1); rank 32 keeps Q8_0 rows whole
         dflash_config.update(conv_kernel_size=2, conv_group_size=16, selector_rank=32, selector_top_k=4)
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2,
+    config = Qwen3Config(vocab_size=vocab_size, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                          max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=100000.0)
     config.dflash_config = dflash_config
@@ -83,7 +83,7 @@ def build_drafter(drafter_dir: Path, dflash2: bool, own_tables: bool, dtype: tor
     state = {name: tensor.to(dtype).contiguous() for name, tensor in model.state_dict().items()}
     for name in [n for n in state if n.endswith("_codebook.weight")]:  # released spelling
         state[name.removesuffix(".weight")] = state.pop(name)
-    if own_tables:  # a copy of the target's embedding and a head of its own (untied)
+    if own_tables and target_embedding is not None:  # a copy of the target's embedding and a head of its own (untied)
         state["embed_tokens.weight"] = target_embedding.to(dtype).clone()
         state["lm_head.weight"] = (torch.randn(target_embedding.shape, generator=generator) * 0.05).to(dtype)
     save_file(state, str(drafter_dir / "model.safetensors"), metadata={"format": "pt"})
@@ -123,14 +123,20 @@ sys.exit(1 if failures else 0)
 
 def _start_official_conversions(env: ExportEnv, oracle: Path) -> tuple[subprocess.Popen, Path]:
     """`python convert_hf_to_gguf.py DRAFTER --target-model-dir TARGET --outtype T --outfile OUT` for
-    every oracle case, with the vendored gguf-py (the one that knows `dflash`) on PYTHONPATH."""
-    runs = [[str(env.drafters[name]), "--target-model-dir", str(env.target), "--outtype", dtype,
-             "--outfile", str(env.root / "official" / f"{name}-{dtype}.gguf")] for name, dtype in ORACLE_CASES]
+    every oracle case."""
+    return _run_converter(env.root, oracle, [
+        [str(env.drafters[name]), "--target-model-dir", str(env.target), "--outtype", dtype,
+         "--outfile", str(env.root / "official" / f"{name}-{dtype}.gguf")] for name, dtype in ORACLE_CASES])
+
+
+def _run_converter(root: Path, oracle: Path, runs: list[list[str]]) -> tuple[subprocess.Popen, Path]:
+    """llama.cpp's converter started on each command line, with the vendored gguf-py (the one that knows `dflash`)
+    on PYTHONPATH; its log in root/official/converter.log."""
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(oracle / "gguf-py"), str(oracle)])}
-    log = env.root / "official" / "converter.log"
+    log = root / "official" / "converter.log"
     with open(log, "wb") as log_file:
         process = subprocess.Popen([sys.executable, "-c", _CONVERTER_DRIVER, str(oracle / "convert_hf_to_gguf.py"),
-                                    json.dumps(runs)], env=environment, cwd=env.root, stdout=log_file,
+                                    json.dumps(runs)], env=environment, cwd=root, stdout=log_file,
                                    stderr=subprocess.STDOUT)
     return process, log
 
@@ -203,3 +209,41 @@ def round_trip_case(request: pytest.FixtureRequest) -> tuple[str, str]:
 @pytest.fixture(scope="session")
 def released_smollm2_gguf() -> Path:
     return smollm2_gguf()
+
+
+# Gemma's vocabularies: a Gemma 3 target with a real SentencePiece model (tokenizer model `llama`), one without a
+# tokenizer.model (SmolLM2's byte-level BPE: `gpt2`, as the converter falls back to) and a Gemma 4 target with a
+# byte-fallback BPE tokenizer.json (`gemma4`), each with a drafter sized to it.
+GEMMA_CASES = {"gemma3": (make_sentencepiece_target, 512), "gemma4": (make_gemma4_tokenizer_target, 308),
+               "gemma3_bpe": (lambda folder: make_bpe_target(folder, num_layers=2, arch="gemma3"), VOCAB)}
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """root/<case>/{target,drafter}, root/ours/<case>.gguf and (where the oracle is installed)
+    root/official/<case>.gguf, built once under a lock as export_env is; root/built.json says why the oracle's
+    files are missing, if they are."""
+    from trainer.atomic import atomic_write_json, work_lock
+    from trainer.export.gguf_writer import write_gguf
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gguf_sentencepiece"
+    with work_lock(root):
+        if (root / "built.json").is_file():
+            return root
+        shutil.rmtree(root, ignore_errors=True)
+        for folder in ("ours", "official"):
+            (root / folder).mkdir(parents=True)
+        for seed, (case, (make_target, vocab_size)) in enumerate(GEMMA_CASES.items()):
+            make_target(root / case / "target")
+            build_drafter(root / case / "drafter", True, False, torch.float32, None, seed=seed, vocab_size=vocab_size)
+        oracle, problem = locate_oracle()
+        converter = _run_converter(root, oracle, [
+            [str(root / case / "drafter"), "--target-model-dir", str(root / case / "target"), "--outtype", "f16",
+             "--outfile", str(root / "official" / f"{case}.gguf")] for case in GEMMA_CASES]) if oracle else None
+        for case in GEMMA_CASES:
+            write_gguf(root / case / "drafter", root / case / "target", root / "ours" / f"{case}.gguf", "f16")
+        if converter and converter[0].wait(timeout=600) != 0:
+            problem = f"llama.cpp's converter failed:\n{converter[1].read_text(errors='replace')[-4000:]}"
+        atomic_write_json(root / "built.json", {"oracle_problem": problem})
+    return root

@@ -42,8 +42,8 @@ from trainer.targets.loading import Target
 from trainer.validation.report import check_compatible
 
 GGUF_TYPES = ("f16", "q8_0")
-SENTENCEPIECE = ("this family's vocabulary is SentencePiece, which the GGUF writer does not export: convert "
-                 "`drafter/` with llama.cpp's convert_hf_to_gguf.py --target-model-dir TARGET")
+NO_GGUF_WRITER = ("the GGUF writer does not export this family's vocabulary: convert `drafter/` with llama.cpp's "
+                  "convert_hf_to_gguf.py --target-model-dir TARGET")
 
 
 def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Path, *,
@@ -126,7 +126,7 @@ def write_engine_drafters(drafter_dir: Path, draft_vocab, target: Target, out_di
     staged.mkdir(parents=True, exist_ok=True)
     _reference_weights(Path(drafter_dir) / "model.safetensors", staged / "model.safetensors")
     atomic_write_json(staged / "config.json", reference_config(config))
-    no_gguf = None if target.family["gguf"] else SENTENCEPIECE if target.family["engines"] else UNLISTED_GGUF
+    no_gguf = None if target.family["gguf"] else NO_GGUF_WRITER if target.family["engines"] else UNLISTED_GGUF
     if no_gguf is None:
         (out_dir / "gguf").mkdir(exist_ok=True)
         try:

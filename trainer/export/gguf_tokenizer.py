@@ -3,15 +3,16 @@
 llama.cpp's DFlash converter takes the vocabulary from the target model directory and runs the
 target architecture's own vocab export. For byte-level BPE tokenizers (the `gpt2` tokenizer model
 in llama.cpp terms) that is: the token table from the HF tokenizer, the pre-tokenizer name found
-by hashing a probe text, and gguf-py's SpecialVocab rules for merges, special ids, add-BOS/EOS
-flags and chat templates. This module re-implements that path; SentencePiece vocabularies are
-refused with an error that points to llama.cpp's converter.
+by hashing the tokenizer's own token ids for a probe text (never the model type), and gguf-py's
+SpecialVocab rules for merges, special ids, add-BOS/EOS flags and chat templates. Gemma's
+SentencePiece-style vocabularies (the `llama` and `gemma4` tokenizer models) take their token table
+from gguf_sentencepiece.py and the same SpecialVocab rules. Other SentencePiece vocabularies (a
+Llama-family `tokenizer.model`) are refused with an error that points to llama.cpp's converter.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import re
 from hashlib import sha256
 from pathlib import Path
@@ -20,6 +21,14 @@ from typing import TYPE_CHECKING, Any
 import gguf
 
 from trainer.errors import DrafterError, TargetError
+from trainer.export.gguf_sentencepiece import (
+    GEMMA4_FAMILY,
+    SENTENCEPIECE_FAMILY,
+    gemma4_vocab,
+    looks_special,
+    read_json,
+    sentencepiece_vocab,
+)
 
 if TYPE_CHECKING:
     from trainer.export.gguf_writer import OrderedMetadata
@@ -48,7 +57,7 @@ LLAMA_FAMILY = {"LlamaForCausalLM", "LLaMAForCausalLM", "LlamaModel", "MistralFo
 BPE_FAMILY = {"Qwen2ForCausalLM", "Qwen2Model", "Qwen3ForCausalLM", "Qwen3Model",
               "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration",
               "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM",
-              "GptOssForCausalLM"}
+              "GptOssForCausalLM"} | SENTENCEPIECE_FAMILY  # Gemma 3 without a tokenizer.model: byte-level BPE
 _SPECIAL_ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
                     "sep": "seperator_token_id", "pad": "padding_token_id", "mask": "mask_token_id",
                     "eot": "eot_token_id", "eom": "eom_token_id"}  # `seperator` is llama.cpp's spelling
@@ -84,8 +93,12 @@ def _tokenizer_items(target_dir: Path, stamp: tuple, target_arch: str, tokenizer
     from trainer.export.gguf_writer import OrderedMetadata  # here: gguf_writer imports this module
 
     kv = OrderedMetadata()
-    tokenizer_json = json.loads((target_dir / "tokenizer.json").read_text(encoding="utf-8"))
-    tokenizer_config = _read_json(target_dir / "tokenizer_config.json")
+    tokenizer_json = read_json(target_dir / "tokenizer.json")
+    tokenizer_config = read_json(target_dir / "tokenizer_config.json")
+    if target_arch in GEMMA4_FAMILY or (target_arch in SENTENCEPIECE_FAMILY
+                                        and (target_dir / "tokenizer.model").is_file()):
+        _sentencepiece_items(kv, target_dir, target_arch, tokenizer_json, tokenizer_config, drafter_vocab_size)
+        return tuple((key, value, vtype) for key, (value, vtype) in kv.items.items())
     model = tokenizer_json.get("model", {})
     # llama.cpp takes SentencePiece files, and byte-fallback BPE of Llama-family targets, as `llama` vocabs
     sentencepiece = (target_dir / "tokenizer.model").is_file() or (
@@ -113,10 +126,32 @@ def _tokenizer_items(target_dir: Path, stamp: tuple, target_arch: str, tokenizer
     kv.set("tokenizer.ggml.pre", pre, V.STRING)
     kv.set("tokenizer.ggml.tokens", tokens, V.ARRAY)
     kv.set("tokenizer.ggml.token_type", token_types, V.ARRAY)
-    _special_vocabulary(kv, target_dir, tokenizer_json, tokenizer_config)
+    _special_vocabulary(kv, target_dir, tokenizer_json, tokenizer_config, merges=True)
     if target_arch in LLAMA_FAMILY and (drafter_vocab_size or 32000) == 49152:
         kv.set("tokenizer.ggml.add_bos_token", False, V.BOOL)  # llama.cpp's rule for SmolLM/Granite vocabs
     return tuple((key, value, vtype) for key, (value, vtype) in kv.items.items())
+
+
+def _sentencepiece_items(kv: OrderedMetadata, target_dir: Path, target_arch: str, tokenizer_json: dict[str, Any],
+                         tokenizer_config: dict[str, Any], drafter_vocab_size: int | None) -> None:
+    """Gemma 3's SentencePiece (`llama`) and Gemma 4's (`gemma4`) vocabularies, with the flags llama.cpp's
+    converter sets for each after the special vocabulary."""
+    gemma4 = target_arch in GEMMA4_FAMILY
+    tokens, scores, types = gemma4_vocab(target_dir) if gemma4 else sentencepiece_vocab(target_dir, drafter_vocab_size)
+    if gemma4 and drafter_vocab_size is not None and len(tokens) > drafter_vocab_size:
+        raise DrafterError(f"the target tokenizer has {len(tokens)} tokens but the drafter's vocab_size is "
+                           f"{drafter_vocab_size}: the drafter was not made for this target")
+    kv.set("tokenizer.ggml.model", "gemma4" if gemma4 else "llama", V.STRING)
+    if not gemma4:  # SentencePiece splits on its own: no pre-tokenizer to name
+        kv.set("tokenizer.ggml.pre", "default", V.STRING)
+    kv.set("tokenizer.ggml.tokens", tokens, V.ARRAY)
+    kv.set("tokenizer.ggml.scores", scores, V.ARRAY)
+    kv.set("tokenizer.ggml.token_type", types, V.ARRAY)
+    _special_vocabulary(kv, target_dir, tokenizer_json, tokenizer_config, merges=gemma4,
+                        n_vocab=None if gemma4 else len(tokens))
+    kv.set("tokenizer.ggml.add_space_prefix", False, V.BOOL)
+    if gemma4:
+        kv.set("tokenizer.ggml.add_bos_token", True, V.BOOL)
 
 
 def _token_table(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int]]:
@@ -136,7 +171,7 @@ def _token_table(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int]]
         else:
             if not decoder[i].normalized:  # llama.cpp expects added tokens in normalized form
                 token = tokenizer.decode(tokenizer.encode(token, add_special_tokens=False))
-            if decoder[i].special or _looks_special(token):
+            if decoder[i].special or looks_special(token):
                 types.append(gguf.TokenType.CONTROL)
             else:
                 token = token.replace("\u2581", " ")
@@ -145,24 +180,11 @@ def _token_table(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int]]
     return tokens, [int(t) for t in types]
 
 
-def _looks_special(token: str) -> bool:
-    """Added tokens llama.cpp marks CONTROL even when the tokenizer does not flag them special."""
-    return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
-            or (token.startswith("<|") and token.endswith("|>"))
-            or (token.startswith("<｜") and token.endswith("｜>"))
-            or (token.startswith("<unused") and token.endswith(">")))
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
 def _special_vocabulary(kv: OrderedMetadata, target_dir: Path, tokenizer_json: dict[str, Any],
-                        tokenizer_config: dict[str, Any]) -> None:
-    """Merges, special token ids, add-BOS/EOS/SEP flags, chat template and normalizer flags, with
-    the precedence llama.cpp's gguf-py SpecialVocab uses: the tokenizer.json post-processor decides
-    the add_* flags before tokenizer_config does; tokenizer_config names the special tokens before
-    the target's config.json ids do."""
+                        tokenizer_config: dict[str, Any], *, merges: bool, n_vocab: int | None = None) -> None:
+    """Merges (if `merges`), special token ids (under `n_vocab`), add-BOS/EOS/SEP flags, chat template and normalizer
+    flags, with the precedence llama.cpp's gguf-py SpecialVocab uses: the tokenizer.json post-processor decides the
+    add_* flags before tokenizer_config does; tokenizer_config names the special tokens before config.json's ids."""
     special_types = ["bos", "eos", "unk", "sep", "pad", "cls", "mask"]
     add: dict[str, bool] = {}
     cfg = dict(tokenizer_config)  # the post-processor may fill in bos/cls/sep/eos names
@@ -224,7 +246,8 @@ def _special_vocabulary(kv: OrderedMetadata, target_dir: Path, tokenizer_json: d
         if isinstance(token_id, int) and not isinstance(token_id, bool) and kind not in special_ids:
             if token_id < 0:
                 raise TargetError(f"{target_dir}: negative id {token_id} for the {kind} token")
-            special_ids[kind] = token_id
+            if n_vocab is None or token_id < n_vocab:  # SpecialVocab skips ids past the vocabulary
+                special_ids[kind] = token_id
 
     template: Any = None
     if cfg:
@@ -237,13 +260,13 @@ def _special_vocabulary(kv: OrderedMetadata, target_dir: Path, tokenizer_json: d
             content = entry.get("content") if isinstance(entry, dict) else entry
             if isinstance(content, str):
                 set_special(kind, next((t.get("id") for t in added_tokens if t.get("content") == content), None))
-    model_config = _read_json(target_dir / "config.json")
+    model_config = read_json(target_dir / "config.json")
     text_config = model_config.get("text_config") or {}
     for kind in special_types:
         token_id = model_config.get(f"{kind}_token_id")
         set_special(kind, text_config.get(f"{kind}_token_id") if token_id is None else token_id)
 
-    kv.set("tokenizer.ggml.merges", _merges(target_dir, tokenizer_json), V.ARRAY)
+    kv.set("tokenizer.ggml.merges", _merges(target_dir, tokenizer_json) if merges else [], V.ARRAY)  # [] sets none
     for kind, token_id in special_ids.items():
         if kind in _SPECIAL_ID_KEYS:  # llama.cpp has no key for a CLS id
             kv.set(f"tokenizer.ggml.{_SPECIAL_ID_KEYS[kind]}", token_id, V.UINT32)
@@ -277,7 +300,7 @@ def _chat_template_files(target_dir: Path) -> Any:
             return default
         return [{"name": "default", "template": default}] + [
             {"name": p.stem, "template": p.read_text(encoding="utf-8")} for p in extra]
-    return _read_json(target_dir / "chat_template.json").get("chat_template")
+    return read_json(target_dir / "chat_template.json").get("chat_template")
 
 
 def _merges(target_dir: Path, tokenizer_json: dict[str, Any]) -> list[str]:

@@ -27,6 +27,7 @@ from safetensors import safe_open
 
 from trainer.atomic import atomic_path
 from trainer.errors import DrafterError, TargetError
+from trainer.export.gguf_sentencepiece import GEMMA4_FAMILY, SENTENCEPIECE_FAMILY
 from trainer.export.gguf_tokenizer import BPE_FAMILY, LLAMA_FAMILY, add_tokenizer_metadata
 
 ARCH = "dflash"
@@ -193,13 +194,14 @@ def _check_target(target_dir: Path) -> tuple[dict[str, Any], str]:
     if not config_file.is_file():
         raise TargetError(f"{config_file} not found: the target directory must be a saved HF model")
     config = json.loads(config_file.read_text(encoding="utf-8"))
-    if not (target_dir / "tokenizer.json").is_file():
-        found = "only tokenizer.model (SentencePiece)" if (target_dir / "tokenizer.model").is_file() else "none"
-        raise TargetError(f"{target_dir / 'tokenizer.json'} not found (tokenizer files: {found}): save the "
-                          "target's tokenizer there with tokenizer.save_pretrained(target_dir)")
     archs = (config.get("text_config") or {}).get("architectures") or config.get("architectures") or [None]
     arch = archs[0]
-    if arch not in LLAMA_FAMILY | BPE_FAMILY:
+    sentencepiece = (target_dir / "tokenizer.model").is_file()
+    if not (target_dir / "tokenizer.json").is_file() and not (sentencepiece and arch in SENTENCEPIECE_FAMILY):
+        found = "only tokenizer.model (SentencePiece)" if sentencepiece else "none"
+        raise TargetError(f"{target_dir / 'tokenizer.json'} not found (tokenizer files: {found}): save the "
+                          "target's tokenizer there with tokenizer.save_pretrained(target_dir)")
+    if arch not in LLAMA_FAMILY | BPE_FAMILY | GEMMA4_FAMILY:
         raise TargetError(f"{config_file}: GGUF vocabulary export supports {sorted(LLAMA_FAMILY | BPE_FAMILY)} "
                           f"targets, not {arch!r}; convert this drafter with llama.cpp's convert_hf_to_gguf.py")
     return {**config, **(config.get("text_config") or {})}, arch

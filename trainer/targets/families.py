@@ -8,8 +8,8 @@ here or not. This table keeps what no model object says:
 
 - `engines`: which serving engines serve a DFlash drafter for the family today (the model card's commands), and
   whether Draftsmith measured them;
-- `gguf`: whether the target's vocabulary is one the GGUF writer exports (byte-level BPE); Gemma's is
-  SentencePiece (llama.cpp's own converter);
+- `gguf`: whether the GGUF writer exports the family's vocabulary (byte-level BPE, and Gemma's SentencePiece
+  kinds, as llama.cpp's converter writes each);
 - the family's name for the report and the card (an unlisted model_type is named by itself).
 
 The config-only readers below (`layer_kinds`, `rollback_of`, `describe`) say what config.json alone implies, for
@@ -50,8 +50,9 @@ class Family:
     engines_measured: bool = True
     """Whether Draftsmith measured those engines on this family (else the card says whose word it is)."""
     gguf: bool = True
-    """Whether Draftsmith writes the drafter's GGUF: the target's vocabulary is byte-level BPE, the one kind the
-    GGUF writer exports (trainer/export/gguf_tokenizer.py). Gemma's is SentencePiece: llama.cpp's own converter."""
+    """Whether Draftsmith writes the drafter's GGUF: the GGUF writer exports the family's vocabulary the way
+    llama.cpp's converter does for its architecture (trainer/export/gguf_tokenizer.py: byte-level BPE;
+    gguf_sentencepiece.py: Gemma 3's SentencePiece model, Gemma 4's byte-fallback BPE)."""
 
 
 FAMILIES = (
@@ -67,9 +68,9 @@ FAMILIES = (
            engines=("SGLang", "transformers"), engines_measured=False),
     Family("Qwen3-Next (hybrid Gated DeltaNet, MoE)", ("qwen3_next",), moe=True,
            engines=("SGLang", "transformers"), engines_measured=False),
-    Family("Gemma 3", ("gemma3_text", "gemma3"), gemma_embedding_scale=True, gguf=False,
+    Family("Gemma 3", ("gemma3_text", "gemma3"), gemma_embedding_scale=True,
            engines=("transformers",), engines_measured=False),
-    Family("Gemma 4", ("gemma4_text", "gemma4"), gemma_embedding_scale=True, gguf=False,
+    Family("Gemma 4", ("gemma4_text", "gemma4"), gemma_embedding_scale=True,
            engines=("transformers",), engines_measured=False),
     Family("gpt-oss (MoE)", ("gpt_oss",), moe=True, engines=("SGLang", "transformers"), engines_measured=False),
 )
