@@ -58,3 +58,27 @@ def test_hybrid_moe_and_adapter_targets_run_over_rest_losslessly(workers, models
         assert report["lossless"]["sampling"]["status"] == "passed"
         assert (report["target"]["family"], report["target"]["name"]) == (family, named)
     assert report["target"]["adapter"] and report["target"]["base"] == f"file://{models}/bpe"
+
+
+def test_an_architecture_in_no_table_runs_over_rest_on_its_self_test(workers, models):
+    """GLM-4.5's MoE (glm4_moe) has no entry in trainer/targets/families.py: a REST job runs it on the contract read
+    from the model and the self-test at prepare, lossless, and the self-test's result is in prepare.json."""
+    from worker_harness import STORAGE_BUCKET
+
+    service = workers
+    make_bpe_target(models / "glm4_moe", num_layers=4, arch="glm4_moe")
+    job_id = service.submit(tiny_spec(f"file://{models}/glm4_moe", validation={"sampling_draws": 200},
+                                      sampling={"temperature": 1.0, "top_k": 4}))
+    service.start_worker(name="unlisted")
+    job = service.wait_terminal(job_id, timeout=420)
+    assert job["status"] == "succeeded", job["error"]
+    report = report_of(service, job_id)
+    assert report["lossless"]["greedy"]["mismatches"] == 0 and report["lossless"]["greedy"]["tokens"] > 0
+    assert report["lossless"]["sampling"]["status"] == "passed"
+    assert report["target"]["family"] == "glm4_moe"  # named by its model type: no table entry
+    prepared = json.loads(service.s3().get_object(Bucket=STORAGE_BUCKET,
+                                                  Key=f"service/jobs/{job_id}/work/prepare.json")["Body"].read())
+    self_test = prepared["self_test"]
+    assert self_test["passed"] is True and self_test["failure"] is None
+    assert self_test["layer_kinds"] == {"full": 4} and self_test["rollback_by_kind"] == {"full": "crop"}
+    assert self_test["drafts_rejected"] > 0 and report["target"]["self_test"]["passed"] is True
