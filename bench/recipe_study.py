@@ -285,12 +285,12 @@ def main() -> None:
     args.block_size = args.block_size or recipe.BLOCK_SIZE
     target = load_target_on(resolve_target_path(args.target), args.device)
     store = DataStore.open(args.data)
-    heldout_prompts(store.meta["prompt_ids"])  # before any row trains
+    heldout_prompts(store.meta.prompt_ids)  # before any row trains
 
     def references():
         """Decoded after the first row trains, so a study starts training at once."""
-        return heldout_references(target, args.work / "references", store.meta["tap_layer_ids"],
-                                  store.meta["prompt_ids"], args.eval_max_new_tokens)
+        return heldout_references(target, args.work / "references", store.meta.tap_layer_ids,
+                                  store.meta.prompt_ids, args.eval_max_new_tokens)
 
     mask_token_id, _ = choose_mask_token_id(target.tokenizer, target.vocab_size)
     todo = [(name, *ROWS[name][1:]) for name in filter(None, args.rows.split(","))]

@@ -152,10 +152,11 @@ def fine_tune(base_dir: Path, out_dir: Path, *, steps: int, batch_size: int, lr:
 
 def prompt_sets(study_data: Path):
     """The built-in set split as the base drafter's data split it: its training prompts, and the rest held out."""
+    from schemas.work_files import DataMeta
     from trainer.data.prompts import interleave_categories, load_prompts
 
     prompts = load_prompts("builtin")
-    trained = set(json.loads((study_data / "meta.json").read_text())["prompt_ids"])
+    trained = set(DataMeta.load(study_data / DataMeta.FILE).prompt_ids)
     train = [p for p in prompts if p.id in trained]
     held_out = interleave_categories([p for p in prompts if p.id not in trained])
     return train, held_out[:HELD_OUT_PROMPTS]

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from schemas.manifest import sha256_file, verify_manifest
+from schemas.manifest import Manifest, sha256_file, verify_manifest
 from schemas.validation_report import ValidationReport
 from trainer.atomic import atomic_path
 
@@ -332,7 +332,7 @@ class Client:
         return url
 
 
-MANIFEST_NAME = "manifest.json"
+MANIFEST_NAME = Manifest.FILE
 
 
 def lists_manifest(artifacts: list[dict]) -> bool:
@@ -344,11 +344,8 @@ def _manifest_problems(directory: Path) -> list[str]:
     """verify_manifest's problems, after checking that manifest.json (a file the server sent) is a manifest whose
     paths all stay inside `directory`: verification reads every file it lists."""
     try:
-        listed = json.loads((directory / "manifest.json").read_text())["files"]
-        names = list(listed) if isinstance(listed, dict) else None
-    except (ValueError, KeyError, TypeError):
-        names = None
-    if names is None:
+        names = list(Manifest.load(directory / Manifest.FILE).files)
+    except ValueError:  # not JSON, or not the model's shape (pydantic's ValidationError is a ValueError)
         return ["manifest.json is not a manifest ({\"files\": {path: {\"sha256\", \"bytes\"}}})"]
     try:
         for name in names:
@@ -356,8 +353,6 @@ def _manifest_problems(directory: Path) -> list[str]:
         return verify_manifest(directory)
     except DownloadError as error:
         return [f"manifest.json lists {error}"]
-    except (KeyError, TypeError):
-        return ["manifest.json is not a manifest (an entry without its sha256 and bytes)"]
 
 
 def _problem(response: httpx.Response) -> dict[str, Any]:

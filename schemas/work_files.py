@@ -8,12 +8,14 @@ that records the drafter's lineage at publish, and a rerun on another machine.
     stages/<stage>.json StageMarker     a finished stage's summary, stored last (worker/stages.py): a stage whose
                                         marker exists is not run again, and lineage reads generate's and train's
     report.json         ValidationReport (schemas/validation_report.py), on the same base
+    data/meta.json      DataMeta        what produced the regenerated data (trainer/data/regenerate.py writes it)
     train/checkpoints/<tag>/engine.json
                         CheckpointRecord what wrote a training checkpoint: the engine and what a resume must match
                                         (trainer/training/checkpoint_record.py writes it and checks it on resume)
 
-One rule for all of them, the rule report.json always had (`LenientModel`): every field is optional, keys a model
-does not know are kept (a newer writer's additions survive a round trip), and `read` drops a top-level field
+One rule for all of them, the rule report.json always had (`LenientModel`): every field is optional but for
+what its writer always writes (required, so a file without it is an error and a writer that leaves it out is a
+bug: DataMeta's, CheckpointRecord.engine, schemas/manifest.py's), keys a model does not know are kept (a newer writer's additions survive a round trip), and `read` drops a top-level field
 whose value does not fit its type instead of failing, so a worker of one release reads the files of another.
 Writing is exact: `to_json()` gives back the fields that were set, so a file keeps the keys it had before the
 model plus `version`.
@@ -166,6 +168,36 @@ class PreparedTarget(VersionedFile):
     holdout_prompts: int | None = None
     parent_drafter: PreparedParent | None = None
     self_test: TargetSelfTest | None = Field(default=None, description="The target's self-test at prepare.")
+
+
+# --- data/meta.json ----------------------------------------------------------------------------------------
+
+
+class DataMeta(VersionedFile):
+    """data/meta.json: what produced a regenerated data set (trainer/data/regenerate.py writes it first; the data
+    store, training and the bench read it). Every field the writer always writes is required: a data set whose
+    meta.json lacks one cannot be resumed or trained from safely, so reading it is an error, not a guess."""
+
+    FILE: ClassVar[str] = "meta.json"
+    """Its name in the data folder."""
+    IDENTITY: ClassVar[tuple[str, ...]] = ("target_fingerprint", "sampling", "tap_layer_ids", "hidden_cached",
+                                           "shard_size", "prompt_ids")
+    """The fields that must agree for a resumed generate to continue an existing data folder."""
+
+    target_fingerprint: str = Field(description="The target's tokenizer + embedding fingerprint.")
+    sampling: dict[str, Any] = Field(description="The SamplingParams the target answered at.")
+    tap_layer_ids: list[int] = Field(description="The target layers whose hidden states the data holds.")
+    hidden_cached: bool = Field(description="Hidden states stored with the data; False: recomputed in training.")
+    hidden_dtype: str | None = None
+    shard_size: int
+    prompt_ids: list[str] = Field(description="Every prompt answered, in order.")
+    plan: str | None = Field(default=None, description="The regeneration plan in words (its cache decision).")
+    teacher_top_k: int | None = Field(default=None, description="Logits kept per token of the target's teacher "
+                                      "signal; absent: none kept.")
+
+    def differs_from(self, other: DataMeta) -> list[str]:
+        """The identity fields on which `other` differs."""
+        return [name for name in self.IDENTITY if getattr(self, name) != getattr(other, name)]
 
 
 # --- stages/<stage>.json ------------------------------------------------------------------------------------

@@ -8,11 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from schemas.audit import AuditResult
 from schemas.lineage import DrafterLineage, DrafterMetrics, DrafterShape
 from schemas.validation_report import MeasuredFigures, ValidationReport
-from schemas.work_files import LenientModel, PinnedSources, PreparedTarget, StageMarker, VersionedFile
+from schemas.work_files import DataMeta, LenientModel, PinnedSources, PreparedTarget, StageMarker, VersionedFile
 
 SAMPLE_REPORT = Path(__file__).parent / "dashboard" / "data" / "sample_job" / "report.json"
 SOURCES = {"target": {"uri": "hf://acme/llama@main", "revision": "abc", "pinned_uri": "hf://acme/llama@abc"},
@@ -117,3 +118,23 @@ def test_an_audit_carries_report_jsons_figures_as_report_json_writes_them():
     assert audit.passed and audit.lossless is not None and audit.lossless.greedy == report.greedy
     metrics = DrafterMetrics.read(report.to_json())  # the drafter's metrics hold the acceptance figures the same way
     assert (metrics.tau, metrics.acceptance_by_category) == (report.tau, report.acceptance_by_category)
+
+
+DATA_META = {"target_fingerprint": "sha256:ff", "sampling": {"temperature": 0.0, "max_new_tokens": 64},
+             "tap_layer_ids": [1, 3], "hidden_cached": True, "hidden_dtype": "bfloat16", "shard_size": 256,
+             "prompt_ids": ["a", "b"], "plan": "2 prompts ... -> cache them with the data"}
+
+
+def test_data_meta_written_before_its_version_reads_and_resumes_as_it_was():
+    old = DataMeta.read(DATA_META)
+    assert old.version == 1 and old.to_json() == DATA_META and old.teacher_top_k is None
+    assert old.differs_from(DataMeta.written(**DATA_META)) == []
+    assert old.differs_from(DataMeta.written(**{**DATA_META, "shard_size": 128, "plan": "other"})) == ["shard_size"]
+
+
+@pytest.mark.parametrize("missing", DataMeta.IDENTITY)
+def test_data_meta_without_a_field_its_writer_always_writes_is_an_error(missing):
+    with pytest.raises(ValidationError):
+        DataMeta.read({k: v for k, v in DATA_META.items() if k != missing})
+    with pytest.raises(ValidationError):
+        DataMeta.written(**{k: v for k, v in DATA_META.items() if k != missing})

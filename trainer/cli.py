@@ -289,7 +289,7 @@ def train(target_spec, data_dir, out_dir, variant, num_layers, block_size, mask_
     from trainer.pipeline import Launch, Layout, RunConfig, open_job, run_stage
     from trainer.training.config import TrainConfig
 
-    taps = tuple(DataStore.open(data_dir).meta["tap_layer_ids"])  # the drafter taps what the data holds
+    taps = tuple(DataStore.open(data_dir).meta.tap_layer_ids)  # the drafter taps what the data holds
     config = RunConfig(target=target_spec, variant=variant, num_layers=num_layers, block_size=block_size,
                        mask_token_id=mask_token_id, target_layer_ids=taps, device=device, dtype=dtype,
                        train=TrainConfig(zero_stage=int(zero_stage), **settings))

@@ -397,7 +397,7 @@ class JobStages:
         engine["device"] = self.plan.describe()
         if store is None:  # a helper's share is written; the worker that runs the stage finishes the data set
             return {"helper": True, **engine}
-        return {"plan": store.meta["plan"], **engine, **store.summary()}
+        return {"plan": store.meta.plan, **engine, **store.summary()}
 
     def on_train_step(self, record: dict) -> None:
         # The schedule's own progress (steps or time budget, whichever ends the run first: training/schedule.py).
@@ -484,7 +484,7 @@ class JobStages:
         manifest = export_artifacts(self.layout.drafter, self.target, self.layout.out, report=report,
                                     metrics_file=self.layout.metrics, names=self.target_description())
         self.hooks.on_saved(self.layout.out)
-        return {"files": len(manifest["files"]), "device": self.plan.describe()}
+        return {"files": len(manifest.files), "device": self.plan.describe()}
 
 
 STAGES: dict[Stage, Callable[[JobStages], dict | None]] = {

@@ -27,6 +27,7 @@ from pathlib import Path
 from domain.artifacts import artifact_named, artifacts_of
 from domain.models import Job
 from schemas.job_spec import HuggingFaceDestination, JobSpec, S3Destination
+from schemas.manifest import Manifest
 from schemas.validation_report import ValidationReport
 from trainer.errors import DraftsmithError
 from worker.context import WorkerContext
@@ -54,7 +55,7 @@ def publish_job(ctx: WorkerContext, job: Job, spec: JobSpec, reporter: StageRepo
                                    explicit_secret=destination.token_secret)
                   for index, destination in enumerate(spec.publish) if isinstance(destination, HuggingFaceDestination)}
     folder = _artifacts_here(ctx, job.id, reporter)
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = Manifest.load(folder / Manifest.FILE)
     fingerprint = _fingerprint(folder)
     for index, destination in enumerate(spec.publish):
         secrets: list[str] = []
@@ -117,14 +118,13 @@ def _fingerprint(folder: Path) -> str:
 
 
 def _to_s3(client, bucket: str, prefix: str, job: Job, destination: S3Destination, folder: Path,  # noqa: ANN001
-           manifest: dict, fingerprint: str) -> tuple[str, str, str]:
+           manifest: Manifest, fingerprint: str) -> tuple[str, str, str]:
     from boto3.s3.transfer import TransferConfig
 
     prefix = prefix.strip("/")
     transfer = TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES)
-    names = [*manifest["files"], "manifest.json"]
-    for name in names:
-        sha256 = manifest["files"][name]["sha256"] if name in manifest["files"] else None
+    for name in manifest.names():
+        sha256 = manifest.files[name].sha256 if name in manifest.files else None
         key = f"{prefix}/{name}" if prefix else name
         extra = {"Metadata": {"draftsmith-job-id": job.id, "target-fingerprint": fingerprint,
                               **({"sha256": sha256} if sha256 else {})},

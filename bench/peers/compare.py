@@ -460,12 +460,12 @@ def main() -> None:
     args.target_dir = resolve_target_path(args.target)
     target = load_target_on(args.target_dir, args.device)
     store = DataStore.open(args.data)
-    heldout_prompts(store.meta["prompt_ids"])  # before any row trains
+    heldout_prompts(store.meta.prompt_ids)  # before any row trains
     args.mask_token_id, _ = choose_mask_token_id(target.tokenizer, target.vocab_size)
 
     def references():
-        return heldout_references(target, args.references or args.work / "references", store.meta["tap_layer_ids"],
-                                  store.meta["prompt_ids"])
+        return heldout_references(target, args.references or args.work / "references", store.meta.tap_layer_ids,
+                                  store.meta.prompt_ids)
 
     for name in filter(None, args.rows.split(",")):
         row = run_row(name, args, target, store, references)

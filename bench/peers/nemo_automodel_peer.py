@@ -159,15 +159,15 @@ def convert_data(store, out_dir: Path, target_dir: Path, venv: Path, threads: in
     from trainer.data.prompts import load_prompts
 
     marker = out_dir / "CONVERTED.json"
-    identity = {"source": str(store.root), "target_fingerprint": store.meta["target_fingerprint"],
-                "prompt_ids": len(store.meta["prompt_ids"]), "target_dir": str(target_dir), "nemo": VERSION,
+    identity = {"source": str(store.root), "target_fingerprint": store.meta.target_fingerprint,
+                "prompt_ids": len(store.meta.prompt_ids), "target_dir": str(target_dir), "nemo": VERSION,
                 "format": "chat messages, last assistant turn supervised"}
     if (done := finished_conversion(marker, identity)) is not None:
         return done
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     prompts = {p.id: p for p in (load_prompts() if prompts is None else prompts)}
-    system_prompt = ((store.meta.get("sampling") or {}).get("chat_template") or {}).get("system_prompt")
+    system_prompt = (store.meta.sampling.get("chat_template") or {}).get("system_prompt")
     candidates, rows, dropped = [], [], {}
     for example in store.examples(with_hidden=False, with_teacher=False):
         prompt = prompts.get(example.id)

@@ -160,8 +160,8 @@ def require_venv(venv: Path, executable: str, setup: str) -> Path:
 
 def tap_conversion_identity(store, tap_layer_ids) -> dict:
     """What a conversion of `store`'s examples with these taps depends on (a peer's CONVERTED.json keeps it)."""
-    return {"source": str(store.root), "target_fingerprint": store.meta["target_fingerprint"],
-            "prompt_ids": len(store.meta["prompt_ids"]), "taps": list(tap_layer_ids)}
+    return {"source": str(store.root), "target_fingerprint": store.meta.target_fingerprint,
+            "prompt_ids": len(store.meta.prompt_ids), "taps": list(tap_layer_ids)}
 
 
 def finished_conversion(marker: Path, identity: dict) -> dict | None:

@@ -91,7 +91,7 @@ def convert_data(store, target, out_dir: Path, tap_layer_ids: list[int]) -> dict
 
     marker = out_dir / "CONVERTED.json"
     identity = {"format": DATA_FORMAT, "source": str(Path(store.root).resolve()),
-                "target_fingerprint": store.meta["target_fingerprint"], "prompt_ids": len(store.meta["prompt_ids"]),
+                "target_fingerprint": store.meta.target_fingerprint, "prompt_ids": len(store.meta.prompt_ids),
                 "taps": list(tap_layer_ids)}
     if (done := finished_conversion(marker, identity)) is not None:
         return done

@@ -14,6 +14,7 @@ import yaml
 
 from bench.peers import modelopt_peer
 from bench.peers.peer_run import OUR_SCHEDULE, PeerFailed, PeerRow
+from schemas.work_files import DataMeta
 from trainer.data.store import Example, TeacherSignal
 
 H, TAPS = 4, [1, 3]
@@ -24,7 +25,8 @@ class FakeStore:
 
     def __init__(self, root: Path, examples: list[Example]):
         self.root, self._examples = root, examples
-        self.meta = {"target_fingerprint": "sha256:fake", "prompt_ids": [e.id for e in examples]}
+        self.meta = DataMeta.written(target_fingerprint="sha256:fake", sampling={}, tap_layer_ids=TAPS,
+                                     hidden_cached=True, shard_size=len(examples), prompt_ids=[e.id for e in examples])
         self.reads = 0
 
     def examples(self, with_hidden=True, tap_layer_ids=None, with_teacher=True):
@@ -75,7 +77,7 @@ def test_a_conversion_is_reused_for_the_same_data_and_taps_only(tmp_path):
     modelopt_peer.convert_data(store, tmp_path / "out", TAPS)
     modelopt_peer.convert_data(store, tmp_path / "out", TAPS)
     assert store.reads == 1
-    store.meta["target_fingerprint"] = "sha256:other"
+    store.meta.target_fingerprint = "sha256:other"
     modelopt_peer.convert_data(store, tmp_path / "out", TAPS)
     assert store.reads == 2 and len(list((tmp_path / "out").glob("sample-*.pt"))) == 1
 

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from draftsmith.cli import main as cli
 from schemas import recipe
 from schemas.sampling import SamplingParams
+from schemas.work_files import DataMeta
 from trainer.data.prompts import PromptsError, draw_prompts, load_prompts, split_prompts
 from trainer.data.regenerate import DataError, generate_batch, regenerate, tokenize_prompts
 from trainer.data.store import DataStore
@@ -138,7 +139,7 @@ def test_regeneration_resumes_by_shard(tiny_qwen3, tmp_path):
     with pytest.raises(Crash):
         regenerate(tiny_qwen3, prompts, params, tmp_path / "resumed", tap_layer_ids=[1, 3], shard_size=4,
                    batch_size=3, on_progress=crash_in_second_shard)
-    partial = DataStore(tmp_path / "resumed", {})
+    partial = DataStore(tmp_path / "resumed", DataMeta.load(tmp_path / "resumed" / DataMeta.FILE))
     assert partial.shard_indices() == [0] and not (tmp_path / "resumed" / "COMPLETE").exists()
     resumed = regenerate(tiny_qwen3, prompts, params, tmp_path / "resumed", tap_layer_ids=[1, 3], shard_size=4,
                          batch_size=3)
@@ -165,7 +166,7 @@ def test_small_cache_budget_falls_back_to_online(tiny_qwen3, tmp_path):
     prompts = load_prompts(write_prompts(tmp_path / "p.jsonl", n=3))
     store = regenerate(tiny_qwen3, prompts, SamplingParams(max_new_tokens=4), tmp_path / "d", tap_layer_ids=[1],
                        cache_budget_bytes=1000)
-    assert store.meta["hidden_cached"] is False and "recompute them online" in store.meta["plan"]
+    assert store.meta.hidden_cached is False and "recompute them online" in (store.meta.plan or "")
     assert all(e.hidden is None for e in store.examples())
 
 

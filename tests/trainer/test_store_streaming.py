@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from schemas.work_files import DataMeta
 from trainer.data.store import DataStore, Example, TeacherSignal
 from trainer.training.data import ExampleOrder
 
@@ -23,7 +24,9 @@ TOKENS = 16  # per row: a 6-token prompt and a 10-token response
 
 def synthetic_store(root: Path, rows: int, shard_size: int, *, teacher: bool = False, seed: int = 0) -> DataStore:
     """`rows` small examples in shards of `shard_size`, written by the store itself (the on-disk format)."""
-    store = DataStore.create(root, {"tap_layer_ids": TAPS, "hidden_cached": True, "shard_size": shard_size})
+    meta = DataMeta.written(target_fingerprint="sha256:synthetic", sampling={}, tap_layer_ids=TAPS, hidden_cached=True,
+                            shard_size=shard_size, prompt_ids=[f"p{row}" for row in range(rows)])
+    store = DataStore.create(root, meta)
     generator = torch.Generator().manual_seed(seed)
     for shard, start in enumerate(range(0, rows, shard_size)):
         count = min(shard_size, rows - start)

@@ -29,6 +29,7 @@ from typing import Protocol
 import torch
 
 from schemas.sampling import SamplingParams
+from schemas.work_files import DataMeta
 from trainer.data.prompts import Prompt
 from trainer.data.store import DataStore, Example, TeacherSignal
 from trainer.errors import DraftsmithError, StageInterrupted
@@ -272,17 +273,15 @@ def regenerate(target: Target, prompts: list[Prompt], params: SamplingParams, ou
     data set to another process."""
     prompt_ids = tokenize_prompts(target, prompts, params)
     plan = plan_regeneration(target, prompt_ids, params, len(tap_layer_ids), cache_budget_bytes)
-    meta = {
-        "target_fingerprint": target.fingerprint, "sampling": params.model_dump(mode="json"),
-        "tap_layer_ids": list(tap_layer_ids), "hidden_cached": plan.cache_hidden,
-        "hidden_dtype": str(HIDDEN_DTYPE).removeprefix("torch."), "shard_size": shard_size,
-        "prompt_ids": [p.id for p in prompts], "plan": plan.describe(),
-    }
-    if teacher_top_k:
-        meta["teacher_top_k"] = teacher_top_k
+    meta = DataMeta.written(
+        target_fingerprint=target.fingerprint, sampling=params.model_dump(mode="json"),
+        tap_layer_ids=list(tap_layer_ids), hidden_cached=plan.cache_hidden,
+        hidden_dtype=str(HIDDEN_DTYPE).removeprefix("torch."), shard_size=shard_size,
+        prompt_ids=[p.id for p in prompts], plan=plan.describe(),
+        **({"teacher_top_k": teacher_top_k} if teacher_top_k else {}))
     store = DataStore.create(out_dir, meta)
     saved = on_saved or (lambda path: None)
-    saved(store.root / "meta.json")
+    saved(store.root / DataMeta.FILE)
     count = math.ceil(len(prompts) / shard_size)
     chunks = [range(i * shard_size, min(len(prompts), (i + 1) * shard_size)) for i in range(count)]
     done = sum(len(chunks[i]) for i in range(count) if store.has_shard(i))

@@ -18,7 +18,6 @@ holds (docs/CAPACITY.md). `examples()` is that sequence made into a list, for sm
 from __future__ import annotations
 
 import bisect
-import json
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,11 +27,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from schemas.work_files import DataMeta
 from trainer.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from trainer.errors import DraftsmithError
-
-# Fields of meta.json that must agree for a resumed run to continue an existing directory.
-IDENTITY_FIELDS = ("target_fingerprint", "sampling", "tap_layer_ids", "hidden_cached", "shard_size", "prompt_ids")
 
 
 @dataclass
@@ -67,22 +64,22 @@ class Example:
 
 
 class DataStore:
-    def __init__(self, root: Path, meta: dict):
+    def __init__(self, root: Path, meta: DataMeta):
         self.root, self.meta = root, meta
 
     @classmethod
-    def create(cls, root: str | Path, meta: dict) -> DataStore:
+    def create(cls, root: str | Path, meta: DataMeta) -> DataStore:
+        """A data folder for `meta`: a new one, or the one at `root` when it was made the same way (a resume)."""
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
-        meta_file = root / "meta.json"
+        meta_file = root / DataMeta.FILE
         if meta_file.is_file():
-            existing = json.loads(meta_file.read_text())
-            changed = [f for f in IDENTITY_FIELDS if existing.get(f) != meta.get(f)]
+            changed = DataMeta.load(meta_file).differs_from(meta)
             if changed:
                 raise DraftsmithError(f"{root} holds data generated with different {', '.join(changed)}; "
                                       "use a new output directory or delete this one")
         else:
-            atomic_write_json(meta_file, meta)
+            atomic_write_json(meta_file, meta.to_json())
         return cls(root, meta)
 
     @classmethod
@@ -91,7 +88,7 @@ class DataStore:
         if not (root / "COMPLETE").is_file():
             raise DraftsmithError(f"{root} is not a complete regenerated data set; run `draftsmith generate` "
                                   "(it resumes where it stopped)")
-        return cls(root, json.loads((root / "meta.json").read_text()))
+        return cls(root, DataMeta.load(root / DataMeta.FILE))
 
     def _shard(self, index: int) -> Path:
         return self.root / f"shard-{index:05d}.parquet"
@@ -175,7 +172,7 @@ class DataStore:
             yield from self.shard_responses(index)
 
     def _tap_columns(self, tap_layer_ids: list[int] | None) -> list[int] | None:
-        stored = list(self.meta.get("tap_layer_ids") or [])
+        stored = list(self.meta.tap_layer_ids)
         if tap_layer_ids is None or list(tap_layer_ids) == stored:
             return None
         missing = [i for i in tap_layer_ids if i not in stored]
@@ -197,7 +194,7 @@ class DataStore:
                 int(pc.sum(table.column("prompt_len")).as_py() or 0)
             stopped += int(pc.sum(pc.equal(table.column("stop_reason"), "stop")).as_py() or 0)
         return {"examples": examples, "response_tokens": response_tokens, "stopped": stopped,
-                "hidden_cached": bool(self.meta.get("hidden_cached"))}
+                "hidden_cached": self.meta.hidden_cached}
 
 
 class _OpenShard:
@@ -265,7 +262,7 @@ class ExampleIndex(Sequence[Example]):
         r = shard.table.slice(row, 1).to_pylist()[0]
         hidden = shard.tensor(f"row{row}") if self.with_hidden else None
         if hidden is not None and self.tap_columns is not None:
-            taps = len(self.store.meta["tap_layer_ids"])
+            taps = len(self.store.meta.tap_layer_ids)
             hidden = hidden.view(hidden.shape[0], -1, hidden.shape[1] // taps)[:, self.tap_columns].flatten(1)
         teacher = None
         if self.with_teacher and f"row{row}.teacher_ids" in shard.keys:

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from report.html import read_metric_records, render_report_html
-from schemas.manifest import build_manifest, sha256_file, verify_manifest  # noqa: F401 - re-exported
+from schemas.manifest import Manifest, build_manifest, sha256_file, verify_manifest  # noqa: F401 - re-exported
 from schemas.validation_report import TargetDescription, ValidationReport
 from trainer.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from trainer.drafter.checkpoint import load_drafter
@@ -48,7 +48,7 @@ NO_GGUF_WRITER = ("the GGUF writer does not export this family's vocabulary: con
 
 def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Path, *,
                      report: ValidationReport | Mapping | None = None, metrics_file: str | Path | None = None,
-                     names: TargetDescription | None = None) -> dict:
+                     names: TargetDescription | None = None) -> Manifest:
     """Write the artifact layout into out_dir; return the manifest. `report`: the validation report (the model, or
     report.json's object); `names`: the target as the job named it (`Target.describe`; default its folders)."""
     report = None if report is None else ValidationReport.read(report)
@@ -59,7 +59,7 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     drafter = load_drafter(drafter_dir)
     check_compatible(target, drafter)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "manifest.json").unlink(missing_ok=True)  # the directory is unfinished until it is rewritten
+    (out_dir / Manifest.FILE).unlink(missing_ok=True)  # the directory is unfinished until it is rewritten
 
     confidence = report.confidence.map if report is not None and report.confidence is not None else None
     no_gguf = write_engine_drafters(drafter_dir, drafter.draft_vocab, target, out_dir,
@@ -76,7 +76,7 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     write_drafter_record(out_dir, drafter.config, report)
     write_report_html(out_dir, report, metrics_file, title=f"Draftsmith drafter for {names.name}")
     manifest = build_manifest(out_dir)
-    atomic_write_json(out_dir / "manifest.json", manifest)
+    atomic_write_json(out_dir / Manifest.FILE, manifest.to_json())
     return manifest
 
 
