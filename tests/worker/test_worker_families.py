@@ -1,6 +1,7 @@
 """Targets beyond the dense families, submitted over REST and run by a real worker end to end: a hybrid
-linear-attention MoE target (Qwen3.5 MoE: Gated DeltaNet layers, routed experts) and a fine-tune handed over as
-a LoRA adapter with its base. Both lossless, both named in report.json as the job gave them."""
+linear-attention MoE target (Qwen3.5 MoE: Gated DeltaNet layers, routed experts), a fine-tune handed over as
+a LoRA adapter with its base, and an architecture in no table (GLM-4.5's MoE), run on its self-test. All lossless,
+all named in report.json as the job gave them."""
 
 from __future__ import annotations
 
