@@ -9,13 +9,14 @@ that records the drafter's lineage at publish, and a rerun on another machine.
                                         marker exists is not run again, and lineage reads generate's and train's
     report.json         ValidationReport (schemas/validation_report.py), on the same base
     data/meta.json      DataMeta        what produced the regenerated data (trainer/data/regenerate.py writes it)
+    train/metrics.jsonl StepRecord      one line per training step (trainer/training/loop.py appends it)
     train/checkpoints/<tag>/engine.json
                         CheckpointRecord what wrote a training checkpoint: the engine and what a resume must match
                                         (trainer/training/checkpoint_record.py writes it and checks it on resume)
 
 One rule for all of them, the rule report.json always had (`LenientModel`): every field is optional but for
 what its writer always writes (required, so a file without it is an error and a writer that leaves it out is a
-bug: DataMeta's, CheckpointRecord.engine, schemas/manifest.py's), keys a model does not know are kept (a newer writer's additions survive a round trip), and `read` drops a top-level field
+bug: DataMeta's, StepRecord's, CheckpointRecord.engine, schemas/manifest.py's), keys a model does not know are kept (a newer writer's additions survive a round trip), and `read` drops a top-level field
 whose value does not fit its type instead of failing, so a worker of one release reads the files of another.
 Writing is exact: `to_json()` gives back the fields that were set, so a file keeps the keys it had before the
 model plus `version`.
@@ -34,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class LenientModel(BaseModel):
@@ -198,6 +199,61 @@ class DataMeta(VersionedFile):
     def differs_from(self, other: DataMeta) -> list[str]:
         """The identity fields on which `other` differs."""
         return [name for name in self.IDENTITY if getattr(self, name) != getattr(other, name)]
+
+
+# --- train/metrics.jsonl -----------------------------------------------------------------------------------
+
+
+class StepRecord(VersionedFile):
+    """One line of train/metrics.jsonl: a training step as rank 0 appends it (trainer/training/loop.py), tailed by
+    the launcher of a multi-process run, replayed into a resumed worker stage's metric series, drawn by report.html.
+    The fields every step writes are required; `budget_s` comes with a time budget, the selector's with DFlash 2.
+
+    Version 2 (written now) always writes `grad_norm` (None when the engine reports none) and `progress`; a line
+    without a version (version 1) was written before either existed, and reads with both None."""
+
+    VERSION: ClassVar[int] = 2
+    FILE: ClassVar[str] = "metrics.jsonl"
+    """Its name in the training folder (and among the exported artifacts)."""
+
+    step: int
+    loss: float
+    ce: float
+    lr: float
+    grad_norm: float | None = None
+    accuracy_per_position: list[float]
+    train_tau_estimate: float
+    tokens_per_s: float
+    epoch: float
+    elapsed_s: float
+    progress: float | None = Field(default=None, description="The schedule's progress: steps or time budget, "
+                                   "whichever ends first.")
+    budget_s: float | None = None
+    selector_ce: float | None = None
+    topk_recall: float | None = None
+
+    @model_validator(mode="after")
+    def _version_2_has_its_fields(self) -> StepRecord:
+        missing = {"grad_norm", "progress"} - self.model_fields_set
+        if self.version >= 2 and missing:
+            raise ValueError(f"a version-2 step record writes {', '.join(sorted(missing))}")
+        return self
+
+    def values(self) -> dict[str, Any]:
+        """The step as its callbacks get it: the line's fields without the file's `version`."""
+        return {k: v for k, v in self.to_json().items() if k != "version"}
+
+    @classmethod
+    def lines(cls, path: str | os.PathLike[str]) -> list[StepRecord]:
+        """Every whole record of a metrics.jsonl (none when it is absent): a line still being written, or torn by
+        an interrupted run, is skipped, so a reader sees the steps that were finished."""
+        records = []
+        for line in (Path(path).read_text().splitlines() if Path(path).is_file() else []):
+            try:
+                records.append(cls.read(json.loads(line)))
+            except ValueError:  # not JSON yet, or a record without its step's fields
+                continue
+        return records
 
 
 # --- stages/<stage>.json ------------------------------------------------------------------------------------

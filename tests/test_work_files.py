@@ -13,7 +13,15 @@ from pydantic import ValidationError
 from schemas.audit import AuditResult
 from schemas.lineage import DrafterLineage, DrafterMetrics, DrafterShape
 from schemas.validation_report import MeasuredFigures, ValidationReport
-from schemas.work_files import DataMeta, LenientModel, PinnedSources, PreparedTarget, StageMarker, VersionedFile
+from schemas.work_files import (
+    DataMeta,
+    LenientModel,
+    PinnedSources,
+    PreparedTarget,
+    StageMarker,
+    StepRecord,
+    VersionedFile,
+)
 
 SAMPLE_REPORT = Path(__file__).parent / "dashboard" / "data" / "sample_job" / "report.json"
 SOURCES = {"target": {"uri": "hf://acme/llama@main", "revision": "abc", "pinned_uri": "hf://acme/llama@abc"},
@@ -138,3 +146,25 @@ def test_data_meta_without_a_field_its_writer_always_writes_is_an_error(missing)
         DataMeta.read({k: v for k, v in DATA_META.items() if k != missing})
     with pytest.raises(ValidationError):
         DataMeta.written(**{k: v for k, v in DATA_META.items() if k != missing})
+
+
+STEP = {"step": 3, "loss": 2.5, "ce": 2.4, "lr": 1e-4, "accuracy_per_position": [0.5, 0.25], "train_tau_estimate": 1.4,
+        "tokens_per_s": 900.0, "epoch": 0.1, "elapsed_s": 2.0}  # a line as training wrote it before grad_norm
+
+
+def test_step_records_of_every_shape_read_and_a_torn_last_line_is_skipped(tmp_path):
+    now = StepRecord.written(**{**STEP, "step": 4, "grad_norm": None, "progress": 0.5})
+    path = tmp_path / StepRecord.FILE
+    path.write_text(json.dumps(STEP) + "\n" + json.dumps(now.to_json()) + "\n" + '{"step": 5, "loss": 2.')
+    old, new = StepRecord.lines(path)
+    assert (old.version, old.progress, old.values()) == (1, None, STEP)
+    assert new.version == StepRecord.VERSION == 2 and new.values() == {**STEP, "step": 4, "grad_norm": None,
+                                                                         "progress": 0.5}
+    assert StepRecord.lines(tmp_path / "absent.jsonl") == []
+
+
+def test_a_step_record_without_what_its_version_always_writes_is_an_error():
+    with pytest.raises(ValidationError, match="progress"):
+        StepRecord.written(**STEP, grad_norm=1.0)  # today's writer always writes progress
+    with pytest.raises(ValidationError):
+        StepRecord.read({k: v for k, v in STEP.items() if k != "loss"})

@@ -12,7 +12,6 @@ by another worker, if this one stalled) is noticed, which `should_stop` then tel
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 from domain import runs
 from domain.db import Session
 from schemas.stages import Stage
+from schemas.work_files import StepRecord
 from trainer.pipeline import step_metrics
 from worker.context import WorkerContext
 
@@ -141,12 +141,11 @@ class StageReporter(HeartbeatedWork, JobRecords):
     def restore_metrics(self, metrics_file: Path, up_to_step: int) -> None:
         """Make the stage's series exactly the records of `metrics_file` up to `up_to_step` (a checkpoint's),
         before a resumed run replays the steps after it."""
-        records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()] \
-            if metrics_file.is_file() else []
         runs.discard_metrics(self.session, self.job_id, self.stage, 0)
-        for record in records:
-            if record["step"] <= up_to_step:
-                runs.record_metrics(self.session, self.job_id, record["step"], step_metrics(record), stage=self.stage)
+        for record in StepRecord.lines(metrics_file):
+            if record.step <= up_to_step:
+                runs.record_metrics(self.session, self.job_id, record.step, step_metrics(record.values()),
+                                    stage=self.stage)
 
     def should_stop(self) -> bool:
         return self.stop_reason is not None

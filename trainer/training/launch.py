@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from schemas.work_files import PreparedTarget
+from schemas.work_files import PreparedTarget, StepRecord
 from trainer.errors import CheckpointMismatch, DraftsmithError, StageInterrupted
 
 POLL_SECONDS = 1.0
@@ -82,7 +82,7 @@ def _launch(config, prepared, data_dir, run_dir, launch, resume, on_step, should
     # Ranks find their own RANK/WORLD_SIZE from the launcher; stale values from this process would confuse them.
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     log_file = run_dir / "launch.log"
-    metrics, latest = run_dir / "metrics.jsonl", run_dir / "checkpoints" / "latest"
+    metrics, latest = run_dir / StepRecord.FILE, run_dir / "checkpoints" / "latest"
     # The ranks replay every step after the checkpoint they resume from; forward those again.
     seen_steps = int(latest.read_text().strip().removeprefix("step-")) if resume and latest.is_file() else 0
     latest_mtime = latest.stat().st_mtime_ns if latest.is_file() else None
@@ -123,13 +123,10 @@ def _launch(config, prepared, data_dir, run_dir, launch, resume, on_step, should
 def _forward_new_steps(metrics: Path, seen: int, on_step: Callable[[dict], None]) -> int:
     if not metrics.is_file():
         return seen
-    for line in metrics.read_text().splitlines():
-        if not line.strip() or not line.endswith("}"):
-            continue  # a line still being written
-        record = json.loads(line)
-        if record["step"] > seen:
-            on_step(record)
-            seen = record["step"]
+    for record in StepRecord.lines(metrics):  # a line still being written is not one yet
+        if record.step > seen:
+            on_step(record.values())
+            seen = record.step
     return seen
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from schemas import recipe
-from schemas.work_files import CheckpointRecord
+from schemas.work_files import CheckpointRecord, StepRecord
 from trainer.atomic import atomic_write_bytes
 from trainer.data.store import DataStore
 from trainer.drafter.checkpoint import save_drafter
@@ -96,7 +96,7 @@ class Trainer:
 
     @property
     def metrics_file(self) -> Path:
-        return self.out_dir / "metrics.jsonl"
+        return self.out_dir / StepRecord.FILE
 
     def run(self, resume: bool = False) -> Path:
         """Build the engine, step until the step count or the time budget runs out (checkpointing on the way),
@@ -209,10 +209,11 @@ class Trainer:
         if self.drafter_config.variant == "dflash2":
             record.update(selector_ce=round(float(averaged[2]), 5), topk_recall=round(float(averaged[3]), 4))
         if self.rank == 0:
+            written = StepRecord.written(**record)  # strict: a step that misses a field is a bug to see here
             with self.metrics_file.open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
+                handle.write(json.dumps(written.to_json()) + "\n")
             for callback in self.callbacks:
-                callback(record)
+                callback(written.values())
         return done
 
     def _micro_batch(self, session: _Session, step: int, micro: int):
@@ -307,5 +308,5 @@ def _truncate_metrics(path: Path, step: int) -> None:
     mid-rewrite leaves the old records, never a truncated file that has lost steps already run."""
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    atomic_write_bytes(path, "".join(line + "\n" for line in kept).encode())
+    kept = [record for record in StepRecord.lines(path) if record.step <= step]
+    atomic_write_bytes(path, "".join(json.dumps(record.to_json()) + "\n" for record in kept).encode())
