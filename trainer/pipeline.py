@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schemas import recipe
+from schemas import job_folder, recipe
 from schemas.bounds import TargetLimits
 from schemas.sampling import SamplingParams
 from schemas.stages import GENERATE_BACKENDS, LOCAL_STAGES, Stage
@@ -146,10 +146,10 @@ class Layout:
 
     @classmethod
     def under(cls, work: str | Path, out: str | Path) -> Layout:
-        work = Path(work)
-        return cls(prepared=work / "prepare.json", data=work / "data", train=work / "train",
-                   drafter=work / "train" / "drafter", report=work / "report.json",
-                   metrics=work / "train" / "metrics.jsonl", out=Path(out))
+        # Every path from the table of a job's files (schemas/job_folder.py), none spelled here again.
+        return cls(prepared=job_folder.PREPARED.at(work), data=job_folder.DATA_META.at(work).parent,
+                   train=job_folder.STEP_RECORDS.at(work).parent, drafter=job_folder.DRAFTER_CONFIG.at(work).parent,
+                   report=job_folder.REPORT.at(work), metrics=job_folder.STEP_RECORDS.at(work), out=Path(out))
 
 
 @dataclass

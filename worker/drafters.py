@@ -31,6 +31,7 @@ from domain.artifacts import artifact_named, artifacts_of
 from domain.drafters import published_drafter
 from domain.models import Job
 from domain.settings import Settings
+from schemas.job_folder import EXPORTED_DRAFTER_CONFIG, MANIFEST, PREPARED, REPORT, SOURCES, STAGE_MARKER
 from schemas.job_spec import DRAFTER_ID_RE, JobSpec
 from schemas.lineage import (
     DataLineage,
@@ -40,6 +41,7 @@ from schemas.lineage import (
     ParentLineage,
     TrainingLineage,
 )
+from schemas.stages import Stage
 from schemas.validation_report import WarmStart
 from schemas.work_files import CodeEnvironment, PinnedSource, PinnedSources, PreparedTarget, StageMarker
 from trainer.drafter.checkpoint import drafter_folder, drafter_prefix
@@ -159,9 +161,10 @@ def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
         key = f"{prefix}/{name}"
         return json.loads(_read(ctx, key)) if ctx.storage.exists(key) else {}
 
-    sources, prepared = PinnedSources.read(work("sources.json")), PreparedTarget.read(work("prepare.json"))
-    generated, trained = StageMarker.read(work("stages/generate.json")), StageMarker.read(work("stages/train.json"))
-    manifest = artifact_named(session, job.id, "manifest.json")
+    sources, prepared = PinnedSources.read(work(SOURCES.path)), PreparedTarget.read(work(PREPARED.path))
+    generated = StageMarker.read(work(STAGE_MARKER.name(stage=Stage.GENERATE)))
+    trained = StageMarker.read(work(STAGE_MARKER.name(stage=Stage.TRAIN)))
+    manifest = artifact_named(session, job.id, MANIFEST.path)
     if manifest is None:
         raise DraftsmithError("the job has no exported manifest.json to record")
     manifest_bytes = _read(ctx, manifest.storage_key)
@@ -204,10 +207,10 @@ def _drafter_record(ctx, session, job_id: str, work: Callable[[str], dict[str, A
     # is derived here. Delete this once no job exported before drafter-record.json remains unpublished.
     from trainer.export import record_of_export
 
-    config = artifact_named(session, job_id, "drafter/config.json")
+    config = artifact_named(session, job_id, EXPORTED_DRAFTER_CONFIG.path)
     if config is None:
         raise DraftsmithError(f"the job has no exported {DrafterRecord.FILE} (nor drafter/config.json) to record")
-    return record_of_export(json.loads(_read(ctx, config.storage_key)), work("report.json"))
+    return record_of_export(json.loads(_read(ctx, config.storage_key)), work(REPORT.path))
 
 
 def _parent(spec: JobSpec, pinned: PinnedSource | None, warm_start: WarmStart | None) -> ParentLineage | None:

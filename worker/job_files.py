@@ -11,6 +11,7 @@ from pathlib import Path
 from domain.files import uploaded_prompts_key
 from domain.models import Job
 from domain.settings import Settings
+from schemas.job_folder import SOURCES
 from schemas.job_spec import JobSpec
 from schemas.work_files import PinnedSource, PinnedSources
 from trainer.job_config import run_config_from_spec
@@ -60,7 +61,7 @@ def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, 
     """The target, the prompts (and a warm start's parent drafter) as local paths. `prepare` resolves the URIs and
     records the exact revisions in sources.json (and reports them through `reporter`); later stages, and a generate
     stage's helpers, fetch those revisions, whichever machine they run on."""
-    sources_file = files.work / "sources.json"
+    sources_file = SOURCES.at(files.work)
     # Not yet pinned (or a pin that cannot be read): the spec's own URIs, as prepare fetched them.
     recorded = PinnedSources() if pin or not sources_file.is_file() else PinnedSources.load(sources_file)
     target_uri = _pinned_or(recorded.target, spec.target.uri)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from domain.jobs import load_stored_spec
 from domain.models import Job
+from schemas.job_folder import PREPARED, REPORT, SOURCES, STAGE_MARKER, STEP_RECORDS
 from schemas.job_spec import JobSpec
 from schemas.manifest import Manifest
 from schemas.stages import Stage
@@ -33,15 +34,15 @@ from worker.reporting import StageReporter
 from worker.shards import SendHelpers, ShardClaims
 from worker.usage import StageUsage
 
-# What each trainer stage reads, relative to the job's work directory.
+# What each trainer stage reads, relative to the job's work directory (the files' paths: schemas/job_folder.py).
+_PINNED = (SOURCES.path, PREPARED.path)
 STAGE_INPUTS: dict[Stage, tuple[str, ...]] = {
     Stage.PREPARE: (),
-    Stage.GENERATE: ("sources.json", "prepare.json", "data"),
-    Stage.TRAIN: ("sources.json", "prepare.json", "data", "train"),
+    Stage.GENERATE: (*_PINNED, "data"),
+    Stage.TRAIN: (*_PINNED, "data", "train"),
     # train/drafter-adapter: a drafter adapter job's PEFT adapter beside the merged drafter (absent for any other job).
-    Stage.VALIDATE: ("sources.json", "prepare.json", "train/drafter", "train/drafter-adapter"),
-    Stage.EXPORT: ("sources.json", "prepare.json", "train/drafter", "train/drafter-adapter", "train/metrics.jsonl",
-                   "report.json"),
+    Stage.VALIDATE: (*_PINNED, "train/drafter", "train/drafter-adapter"),
+    Stage.EXPORT: (*_PINNED, "train/drafter", "train/drafter-adapter", STEP_RECORDS.path, REPORT.path),
 }
 ARTIFACT_KINDS = {".safetensors": "safetensors", ".gguf": "gguf", ".jsonl": "metrics", ".html": "report-html"}
 NAMED_KINDS = {"README.md": "model-card", "report.json": "report", "manifest.json": "manifest", "config.json": "config",
@@ -62,7 +63,7 @@ def execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageRep
 def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageReporter,
                    send_helpers: SendHelpers | None) -> dict:
     files = JobFiles(ctx, job.id)
-    marker = f"stages/{stage}.json"
+    marker = STAGE_MARKER.name(stage=stage)
     if files.sync.has(marker):
         files.sync.pull(marker)
         reporter.event(f"{stage}: its output is already complete in storage; not running it again")

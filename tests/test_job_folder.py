@@ -1,0 +1,54 @@
+"""The table of a job's files (schemas/job_folder.py): the local pipeline, the worker's stage inputs and markers
+and the export put each file where the table says, and an exported folder's files read by the table's models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from schemas.job_folder import (
+    DATA_META,
+    DRAFTER_CONFIG,
+    EXPORTED_REPORT,
+    EXPORTED_STEP_RECORDS,
+    JOB_FILES,
+    PREPARED,
+    REPORT,
+    SOURCES,
+    STAGE_MARKER,
+    STEP_RECORDS,
+)
+from schemas.stages import Stage
+from schemas.validation_report import ValidationReport
+from schemas.work_files import StepRecord
+
+SAMPLE_EXPORT = Path(__file__).parent / "dashboard" / "data" / "sample_job"
+
+
+def test_the_pipeline_reads_and_writes_the_work_folder_where_the_table_says(tmp_path):
+    from trainer.pipeline import Layout
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    layout = Layout.under(work, out)
+    assert (layout.prepared, layout.report, layout.metrics) == (PREPARED.at(work), REPORT.at(work),
+                                                                STEP_RECORDS.at(work))
+    assert layout.data == DATA_META.at(work).parent and layout.drafter == DRAFTER_CONFIG.at(work).parent
+    assert layout.metrics.relative_to(work).as_posix() == "train/metrics.jsonl"  # stored jobs keep their keys
+
+
+def test_the_worker_mirrors_the_files_each_stage_reads_by_the_tables_paths():
+    from worker.stages import STAGE_INPUTS
+
+    assert {SOURCES.path, PREPARED.path, STEP_RECORDS.path, REPORT.path} <= set(STAGE_INPUTS[Stage.EXPORT])
+    assert STAGE_MARKER.name(stage=Stage.TRAIN) == "stages/train.json"
+
+
+def test_an_exported_folder_reads_by_the_tables_models():
+    report = EXPORTED_REPORT.model.load(EXPORTED_REPORT.at(SAMPLE_EXPORT))
+    assert isinstance(report, ValidationReport) and report.tau is not None
+    steps = StepRecord.lines(EXPORTED_STEP_RECORDS.at(SAMPLE_EXPORT))
+    assert len(steps) > 10 and [s.step for s in steps] == sorted(s.step for s in steps)
+
+
+def test_every_file_has_one_place():
+    places = [(file.folder, file.path) for file in JOB_FILES]
+    assert len(places) == len(set(places)) and all(not path.startswith("/") for _, path in places)
