@@ -28,18 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
+from schemas import work_files
 from schemas.lineage import DrafterRecord, DrafterShape
 from schemas.manifest import Manifest
 from schemas.validation_report import ValidationReport
-from schemas.work_files import (
-    CheckpointRecord,
-    DataMeta,
-    LenientModel,
-    PinnedSources,
-    PreparedTarget,
-    StageMarker,
-    StepRecord,
-)
+from schemas.work_files import DataMeta, LenientModel, StepRecord
 
 M = TypeVar("M", bound=LenientModel, covariant=True)
 
@@ -63,12 +56,12 @@ class JobFile(Generic[M]):
         return Path(root) / self.name(**parts)
 
 
-SOURCES = JobFile("sources.json", PinnedSources, "work")
-PREPARED = JobFile("prepare.json", PreparedTarget, "work")
-STAGE_MARKER = JobFile("stages/{stage}.json", StageMarker, "work")
+SOURCES = JobFile("sources.json", work_files.PinnedSources, "work")
+PREPARED = JobFile("prepare.json", work_files.PreparedTarget, "work")
+STAGE_MARKER = JobFile("stages/{stage}.json", work_files.StageMarker, "work")
 DATA_META = JobFile(f"data/{DataMeta.FILE}", DataMeta, "work")
 STEP_RECORDS = JobFile(f"train/{StepRecord.FILE}", StepRecord, "work")
-CHECKPOINT_RECORD = JobFile("train/checkpoints/{tag}/engine.json", CheckpointRecord, "work")
+CHECKPOINT_RECORD = JobFile("train/checkpoints/{tag}/engine.json", work_files.CheckpointRecord, "work")
 DRAFTER_CONFIG = JobFile("train/drafter/config.json", DrafterShape, "work")
 REPORT = JobFile("report.json", ValidationReport, "work")
 
