@@ -385,7 +385,7 @@ def test_export_of_a_drafter_with_a_draft_vocabulary(export_env: ExportEnv, tmp_
     manifest = export_artifacts(drafter_dir, target, tmp_path / "out")
     out = tmp_path / "out"
     assert {"drafter-d2t/config.json", "drafter-d2t/model.safetensors", "gguf/drafter-q8_0-d2t.gguf",
-            "gguf/drafter-q8_0.gguf"} <= set(manifest["files"])
+            "gguf/drafter-q8_0.gguf"} <= set(manifest.files)
     assert sorted(p.name for p in (out / "drafter").iterdir()) == ["config.json", "model.safetensors"]
     tensors = parse_gguf(out / "gguf" / "drafter-q8_0-d2t.gguf").tensors
     assert np.frombuffer(tensors["d2t"][2], dtype=np.int64).tolist() == [1, 2, 300, 4000]
