@@ -204,6 +204,9 @@ def train_arguments(row: PeerRow, *, drafter_config, data_dir: Path, draft_confi
     }
     if weighting == "dpace":
         settings["dpace_alpha"] = AUTHORS_RECIPE["dpace_alpha"]
+    # The schedule's horizon is the steps trained: left unset, speculators takes epochs x batches (the epochs above
+    # are an upper bound trimmed to max_steps), and a cosine would end near 0.65x its peak instead of at its floor.
+    settings["scheduler_total_steps"] = row.steps
     env: dict[str, str] = {}
     if row.schedule == "authors":
         settings.update(lr=AUTHORS_RECIPE["lr"], optimizer="muon", weight_decay=AUTHORS_RECIPE["weight_decay"],

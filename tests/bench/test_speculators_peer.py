@@ -80,8 +80,8 @@ def _config(variant="dflash"):
                          target_layer_ids=(1, 14, 27), block_size=8, mask_token_id=16)
 
 
-def _row(tmp_path, variant="dflash", schedule="authors", options=None, dtype="authors"):
-    return PeerRow(name="r", variant=variant, schedule=schedule, steps=120, target_dir=tmp_path / "t",
+def _row(tmp_path, variant="dflash", schedule="authors", options=None, dtype="authors", steps=120):
+    return PeerRow(name="r", variant=variant, schedule=schedule, steps=steps, target_dir=tmp_path / "t",
                    data_dir=tmp_path / "d", work=tmp_path, row_dir=tmp_path / "row", log=tmp_path / "log",
                    taps=(1, 14, 27), layers=2, block_size=8, batch_size=16, anchors=12, mask_token_id=16, threads=1,
                    options=options or {}, dtype=dtype)
@@ -145,6 +145,12 @@ def test_ours_schedule_uses_our_recipe_and_the_launcher_overrides(tmp_path):
     assert float(flags["dflash-decay-gamma"]) == OUR_SCHEDULE["loss_decay_gamma"]
     assert env == {"SPECULATORS_ADAMW_BETAS": "0.9,0.95", "SPECULATORS_COSINE_MIN_LR_RATIO": "0.1"}
     assert not any(" (" in k for k in flags)
+
+
+@pytest.mark.parametrize("schedule", ["authors", "ours"])
+def test_the_schedules_horizon_is_the_steps_trained(tmp_path, schedule):
+    flags = _flags(_arguments(tmp_path, schedule=schedule, steps=60)[0])
+    assert flags["scheduler-total-steps"] == flags["max-steps"] == "60"
 
 
 def test_batch_tokens_packs_batch_sequences_on_average():
