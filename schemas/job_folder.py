@@ -18,14 +18,12 @@ to object storage as jobs/<id>/work/) holds what each stage leaves for the stage
           manifest.json                         Manifest          trainer/export/artifacts.py, last
 
 Writers and readers take a file's path from here (`SOURCES.path`, `STAGE_MARKER.name(stage=...)`,
-`MANIFEST.at(out)`) rather than spelling it again. Pure pydantic and stdlib: no torch.
+`out / MANIFEST.path`) rather than spelling it again. Pure pydantic and stdlib: no torch.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
 from schemas import work_files
@@ -50,10 +48,6 @@ class JobFile(Generic[M]):
     def name(self, **parts: str) -> str:
         """The path with its parts filled in (`STAGE_MARKER.name(stage="train")`: stages/train.json)."""
         return self.path.format(**parts)
-
-    def at(self, root: str | os.PathLike[str], **parts: str) -> Path:
-        """The file in the folder `root` (a work or export folder, as `folder` says)."""
-        return Path(root) / self.name(**parts)
 
 
 SOURCES = JobFile("sources.json", work_files.PinnedSources, "work")

@@ -29,9 +29,9 @@ def test_the_pipeline_reads_and_writes_the_work_folder_where_the_table_says(tmp_
 
     work, out = tmp_path / "work", tmp_path / "out"
     layout = Layout.under(work, out)
-    assert (layout.prepared, layout.report, layout.metrics) == (PREPARED.at(work), REPORT.at(work),
-                                                                STEP_RECORDS.at(work))
-    assert layout.data == DATA_META.at(work).parent and layout.drafter == DRAFTER_CONFIG.at(work).parent
+    assert (layout.prepared, layout.report, layout.metrics) == (work / PREPARED.path, work / REPORT.path,
+                                                                work / STEP_RECORDS.path)
+    assert layout.data == (work / DATA_META.path).parent and layout.drafter == (work / DRAFTER_CONFIG.path).parent
     assert layout.metrics.relative_to(work).as_posix() == "train/metrics.jsonl"  # stored jobs keep their keys
 
 
@@ -43,9 +43,9 @@ def test_the_worker_mirrors_the_files_each_stage_reads_by_the_tables_paths():
 
 
 def test_an_exported_folder_reads_by_the_tables_models():
-    report = EXPORTED_REPORT.model.load(EXPORTED_REPORT.at(SAMPLE_EXPORT))
+    report = EXPORTED_REPORT.model.load(SAMPLE_EXPORT / EXPORTED_REPORT.path)
     assert isinstance(report, ValidationReport) and report.tau is not None
-    steps = StepRecord.lines(EXPORTED_STEP_RECORDS.at(SAMPLE_EXPORT))
+    steps = StepRecord.lines(SAMPLE_EXPORT / EXPORTED_STEP_RECORDS.path)
     assert len(steps) > 10 and [s.step for s in steps] == sorted(s.step for s in steps)
 
 

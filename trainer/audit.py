@@ -46,6 +46,7 @@ from schemas.audit import (
     LayerFit,
 )
 from schemas.bounds import TargetLimits
+from schemas.job_folder import EXPORTED_REPORT
 from schemas.sampling import SamplingParams
 from schemas.validation_report import ValidationReport
 from trainer.data.prompts import Prompt
@@ -65,7 +66,7 @@ def drafter_directory(path: str | Path) -> tuple[Path, Path | None]:
     if folder is None:
         raise DraftsmithError(f"{path} is not a drafter: config.json or *.safetensors is missing (give a drafter "
                               "directory or an exported artifact folder that holds drafter/)")
-    report = folder.parent / "report.json"
+    report = folder.parent / EXPORTED_REPORT.path
     return folder, report if report.is_file() else None
 
 

@@ -12,7 +12,9 @@ import click
 
 from schemas import recipe
 from schemas.compute import DEVICE_SETTINGS, DTYPES, check_device_setting
+from schemas.job_folder import PREPARED, REPORT
 from schemas.stages import GENERATE_BACKENDS
+from schemas.work_files import StepRecord
 from trainer.errors import DraftsmithError
 from trainer.validation import SAMPLING_DRAWS, VALIDATION_MAX_NEW_TOKENS, VALIDATION_PROMPTS
 
@@ -238,7 +240,7 @@ def generate(target_spec, out_dir, prompts, num_prompts, holdout, num_layers, ta
                        num_prompts=num_prompts, holdout=holdout, num_layers=num_layers,
                        target_layer_ids=parse_layers(target_layers), cache_budget_mb=cache_budget_mb,
                        generation_batch_size=batch_size, device=device, dtype=dtype)
-    layout = dataclasses.replace(Layout.under(out_dir, out_dir), prepared=out_dir / "prepare.json", data=out_dir)
+    layout = dataclasses.replace(Layout.under(out_dir, out_dir), prepared=out_dir / PREPARED.path, data=out_dir)
     hooks, bar = stage_hooks(100, "%", "generate")
     job = open_job(config, layout, hooks, Launch(generate_backend=backend))
     run_stage(Stage.PREPARE, config, layout, hooks, job=job)
@@ -293,8 +295,8 @@ def train(target_spec, data_dir, out_dir, variant, num_layers, block_size, mask_
     config = RunConfig(target=target_spec, variant=variant, num_layers=num_layers, block_size=block_size,
                        mask_token_id=mask_token_id, target_layer_ids=taps, device=device, dtype=dtype,
                        train=TrainConfig(zero_stage=int(zero_stage), **settings))
-    layout = Layout(prepared=out_dir / "prepare.json", data=data_dir, train=out_dir, drafter=out_dir / "drafter",
-                    report=out_dir / "report.json", metrics=out_dir / "metrics.jsonl", out=out_dir)
+    layout = Layout(prepared=out_dir / PREPARED.path, data=data_dir, train=out_dir, drafter=out_dir / "drafter",
+                    report=out_dir / REPORT.path, metrics=out_dir / StepRecord.FILE, out=out_dir)
     if resume != (out_dir / "checkpoints" / "latest").is_file():
         raise DraftsmithError(f"--resume needs a checkpoint in {out_dir}" if resume else
                               f"{out_dir} holds a checkpoint: pass --resume to continue it, or choose another --out")
@@ -347,8 +349,8 @@ def validate(target_spec, drafter_dir, out_file, prompts, holdout, num_prompts, 
     config = RunConfig(target=target_spec, sampling=make_sampling(**sampling), prompts=prompts, holdout=holdout,
                        validation_prompts=num_prompts, validation_max_new_tokens=validation_max_new_tokens,
                        sampling_draws=sampling_draws, device=device, dtype=dtype)
-    layout = Layout(prepared=out_file.parent / "prepare.json", data=out_file.parent, train=drafter_dir.parent,
-                    drafter=drafter_dir, report=out_file, metrics=drafter_dir.parent / "metrics.jsonl",
+    layout = Layout(prepared=out_file.parent / PREPARED.path, data=out_file.parent, train=drafter_dir.parent,
+                    drafter=drafter_dir, report=out_file, metrics=drafter_dir.parent / StepRecord.FILE,
                     out=out_file.parent)
     hooks, bar = stage_hooks(num_prompts, "prompt", "validate")
     with bar:

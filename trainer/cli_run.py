@@ -12,6 +12,7 @@ import click
 
 from schemas import recipe
 from schemas.bounds import file_uri_path
+from schemas.job_folder import EXPORTED_REPORT
 from schemas.presets import PRESETS, Preset, choose_preset, lay_under
 from schemas.prompts import BUILTIN_PROMPT_COUNT
 from schemas.validation_report import Speedup, ValidationReport
@@ -283,7 +284,7 @@ def run(target_spec, base_spec, parent_spec, adapter_rank, out_dir, spec_file, r
                                  generation_batch_size=generation_batch_size or chosen.generation_batch_size)
     with RunProgress() as progress:
         state = Run(config, out_dir, progress, Launch(nproc=nproc)).execute(resume=resume)
-    report = ValidationReport.load(Path(out_dir) / "report.json")
+    report = ValidationReport.load(Path(out_dir) / EXPORTED_REPORT.path)
     sampling, speed = report.sampling, report.speedup or Speedup()
     train = state["stages"]["train"]
     click.echo(json.dumps({

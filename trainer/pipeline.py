@@ -147,9 +147,11 @@ class Layout:
     @classmethod
     def under(cls, work: str | Path, out: str | Path) -> Layout:
         # Every path from the table of a job's files (schemas/job_folder.py), none spelled here again.
-        return cls(prepared=job_folder.PREPARED.at(work), data=job_folder.DATA_META.at(work).parent,
-                   train=job_folder.STEP_RECORDS.at(work).parent, drafter=job_folder.DRAFTER_CONFIG.at(work).parent,
-                   report=job_folder.REPORT.at(work), metrics=job_folder.STEP_RECORDS.at(work), out=Path(out))
+        work = Path(work)
+        return cls(prepared=work / job_folder.PREPARED.path, data=(work / job_folder.DATA_META.path).parent,
+                   train=(work / job_folder.STEP_RECORDS.path).parent,
+                   drafter=(work / job_folder.DRAFTER_CONFIG.path).parent, report=work / job_folder.REPORT.path,
+                   metrics=work / job_folder.STEP_RECORDS.path, out=Path(out))
 
 
 @dataclass

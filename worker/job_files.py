@@ -61,7 +61,7 @@ def local_sources(ctx: WorkerContext, job: Job, spec: JobSpec, files: JobFiles, 
     """The target, the prompts (and a warm start's parent drafter) as local paths. `prepare` resolves the URIs and
     records the exact revisions in sources.json (and reports them through `reporter`); later stages, and a generate
     stage's helpers, fetch those revisions, whichever machine they run on."""
-    sources_file = SOURCES.at(files.work)
+    sources_file = files.work / SOURCES.path
     # Not yet pinned (or a pin that cannot be read): the spec's own URIs, as prepare fetched them.
     recorded = PinnedSources() if pin or not sources_file.is_file() else PinnedSources.load(sources_file)
     target_uri = _pinned_or(recorded.target, spec.target.uri)

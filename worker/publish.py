@@ -26,6 +26,7 @@ from pathlib import Path
 
 from domain.artifacts import artifact_named, artifacts_of
 from domain.models import Job
+from schemas.job_folder import EXPORTED_DRAFTER_CONFIG, EXPORTED_REPORT, MANIFEST
 from schemas.job_spec import HuggingFaceDestination, JobSpec, S3Destination
 from schemas.manifest import Manifest
 from schemas.validation_report import ValidationReport
@@ -55,7 +56,7 @@ def publish_job(ctx: WorkerContext, job: Job, spec: JobSpec, reporter: StageRepo
                                    explicit_secret=destination.token_secret)
                   for index, destination in enumerate(spec.publish) if isinstance(destination, HuggingFaceDestination)}
     folder = _artifacts_here(ctx, job.id, reporter)
-    manifest = Manifest.load(folder / Manifest.FILE)
+    manifest = Manifest.load(folder / MANIFEST.path)
     fingerprint = _fingerprint(folder)
     for index, destination in enumerate(spec.publish):
         secrets: list[str] = []
@@ -84,7 +85,7 @@ def announce_warm_start_advice(ctx: WorkerContext, job: Job, reporter: StageRepo
     """A warm-started job's advice (report.json `warm_start.advice`: keep_parent or serve_new), said in an event
     before anything is published: a drafter whose gain over its parent is not shown is still published (it is
     lossless), but whoever rolls it out reads to keep serving the parent. None for a job without a parent."""
-    row = artifact_named(reporter.session, job.id, "report.json")
+    row = artifact_named(reporter.session, job.id, EXPORTED_REPORT.path)
     if row is None:
         return None
     path = ctx.job_dir(job.id) / "publish-report.json"
@@ -113,7 +114,7 @@ def _artifacts_here(ctx: WorkerContext, job_id: str, reporter: StageReporter) ->
 
 
 def _fingerprint(folder: Path) -> str:
-    config = json.loads((folder / "drafter" / "config.json").read_text())
+    config = json.loads((folder / EXPORTED_DRAFTER_CONFIG.path).read_text())
     return str((config.get("draftsmith") or {}).get("target_fingerprint") or "")
 
 

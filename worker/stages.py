@@ -19,7 +19,7 @@ from pathlib import Path
 
 from domain.jobs import load_stored_spec
 from domain.models import Job
-from schemas.job_folder import PREPARED, REPORT, SOURCES, STAGE_MARKER, STEP_RECORDS
+from schemas.job_folder import MANIFEST, PREPARED, REPORT, SOURCES, STAGE_MARKER, STEP_RECORDS
 from schemas.job_spec import JobSpec
 from schemas.manifest import Manifest
 from schemas.stages import Stage
@@ -138,7 +138,7 @@ def _generate_with_helpers(ctx: WorkerContext, job: Job, config, files: JobFiles
 def _register_artifacts(ctx: WorkerContext, job_id: str, out: Path, reporter: StageReporter) -> None:
     """Upload every exported file as a job artifact; the manifest goes last, so a listed manifest means a
     complete set."""
-    for name in Manifest.load(out / Manifest.FILE).names():
+    for name in Manifest.load(out / MANIFEST.path).names():
         path = out / name
         kind = NAMED_KINDS.get(Path(name).name) or ARTIFACT_KINDS.get(path.suffix, "file")
         content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"

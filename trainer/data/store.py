@@ -18,6 +18,7 @@ holds (docs/CAPACITY.md). `examples()` is that sequence made into a list, for sm
 from __future__ import annotations
 
 import bisect
+import json
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,11 @@ class Example:
         return [0] * self.prompt_len + [1] * (len(self.input_ids) - self.prompt_len)
 
 
+def _read_meta(path: Path) -> DataMeta:
+    # The folder's own file, parsed here and typed by its model: the store's path stays in the trainer.
+    return DataMeta.read(json.loads(path.read_text()))
+
+
 class DataStore:
     def __init__(self, root: Path, meta: DataMeta):
         self.root, self.meta = root, meta
@@ -74,7 +80,7 @@ class DataStore:
         root.mkdir(parents=True, exist_ok=True)
         meta_file = root / DataMeta.FILE
         if meta_file.is_file():
-            changed = DataMeta.load(meta_file).differs_from(meta)
+            changed = _read_meta(meta_file).differs_from(meta)
             if changed:
                 raise DraftsmithError(f"{root} holds data generated with different {', '.join(changed)}; "
                                       "use a new output directory or delete this one")
@@ -88,7 +94,7 @@ class DataStore:
         if not (root / "COMPLETE").is_file():
             raise DraftsmithError(f"{root} is not a complete regenerated data set; run `draftsmith generate` "
                                   "(it resumes where it stopped)")
-        return cls(root, DataMeta.load(root / DataMeta.FILE))
+        return cls(root, _read_meta(root / DataMeta.FILE))
 
     def _shard(self, index: int) -> Path:
         return self.root / f"shard-{index:05d}.parquet"

@@ -60,7 +60,7 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
     drafter = load_drafter(drafter_dir)
     check_compatible(target, drafter)
     out_dir.mkdir(parents=True, exist_ok=True)
-    MANIFEST.at(out_dir).unlink(missing_ok=True)  # the directory is unfinished until it is rewritten
+    (out_dir / MANIFEST.path).unlink(missing_ok=True)  # the directory is unfinished until it is rewritten
 
     confidence = report.confidence.map if report is not None and report.confidence is not None else None
     no_gguf = write_engine_drafters(drafter_dir, drafter.draft_vocab, target, out_dir,
@@ -68,16 +68,16 @@ def export_artifacts(drafter_dir: str | Path, target: Target, out_dir: str | Pat
                                     confidence=None if confidence is None else confidence.to_json())
     ship_adapter(drafter_dir, out_dir, report)
     if report is not None:
-        atomic_write_json(EXPORTED_REPORT.at(out_dir), report.to_json())
+        atomic_write_json(out_dir / EXPORTED_REPORT.path, report.to_json())
     if metrics_file is not None and Path(metrics_file).is_file():
-        _atomic_copy(Path(metrics_file), EXPORTED_STEP_RECORDS.at(out_dir))
+        _atomic_copy(Path(metrics_file), out_dir / EXPORTED_STEP_RECORDS.path)
     names = names or target.describe()
     card = model_card(drafter.config, target, report, names, no_gguf=no_gguf)
     atomic_write_bytes(out_dir / "README.md", card.encode())
     write_drafter_record(out_dir, drafter.config, report)
     write_report_html(out_dir, report, metrics_file, title=f"Draftsmith drafter for {names.name}")
     manifest = build_manifest(out_dir)
-    atomic_write_json(MANIFEST.at(out_dir), manifest.to_json())
+    atomic_write_json(out_dir / MANIFEST.path, manifest.to_json())
     return manifest
 
 
