@@ -11,7 +11,7 @@ to object storage as jobs/<id>/work/) holds what each stage leaves for the stage
           data/meta.json                        DataMeta          trainer/data/regenerate.py, first
           train/metrics.jsonl                   StepRecord        trainer/training/loop.py, a line a step
           train/checkpoints/<tag>/engine.json   CheckpointRecord  trainer/training/checkpoint_record.py
-          train/drafter/config.json             DrafterShape      trainer/drafter/checkpoint.py (the shape read)
+          train/drafter/config.json             DrafterConfigFile trainer/drafter/checkpoint.py (a Hugging Face config)
           report.json                           ValidationReport  trainer/validation/report.py
     out/  report.json, metrics.jsonl, drafter/config.json         the export's copies, same models
           drafter-record.json                   DrafterRecord     trainer/export/record.py
@@ -24,15 +24,34 @@ Writers and readers take a file's path from here (`SOURCES.path`, `STAGE_MARKER.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import Field
 
 from schemas import work_files
-from schemas.lineage import DrafterRecord, DrafterShape
+from schemas.lineage import DrafterRecord
 from schemas.manifest import Manifest
 from schemas.validation_report import ValidationReport
 from schemas.work_files import DataMeta, LenientModel, StepRecord
 
 M = TypeVar("M", bound=LenientModel, covariant=True)
+
+
+class DrafterConfigFile(LenientModel):
+    """drafter/config.json as a reader outside the trainer sees it: a Hugging Face config (the reference `dflash`
+    package's), kept whole. Not versioned: its shape is the engines', not ours. The trainer parses it into its own
+    DrafterConfig (trainer/drafter/config.py `from_hf_dict`); the shape a publish records is drafter-record.json's."""
+
+    architectures: list[str] | None = None
+    model_type: str | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    num_target_layers: int | None = None
+    block_size: int | None = None
+    dflash_config: dict[str, Any] | None = Field(default=None, description="block_size, mask_token_id and "
+                                                 "target_layer_ids, as the reference package reads them.")
+    draftsmith: dict[str, Any] | None = Field(default=None, description="What Draftsmith adds: the target's "
+                                              "fingerprint, the shipped confidence map.")
 
 
 @dataclass(frozen=True)
@@ -55,13 +74,14 @@ PREPARED = JobFile("prepare.json", work_files.PreparedTarget, "work")
 STAGE_MARKER = JobFile("stages/{stage}.json", work_files.StageMarker, "work")
 DATA_META = JobFile(f"data/{DataMeta.FILE}", DataMeta, "work")
 STEP_RECORDS = JobFile(f"train/{StepRecord.FILE}", StepRecord, "work")
-CHECKPOINT_RECORD = JobFile("train/checkpoints/{tag}/engine.json", work_files.CheckpointRecord, "work")
-DRAFTER_CONFIG = JobFile("train/drafter/config.json", DrafterShape, "work")
+CHECKPOINT_RECORD = JobFile(f"train/checkpoints/{{tag}}/{work_files.CheckpointRecord.FILE}", work_files.CheckpointRecord,
+                            "work")
+DRAFTER_CONFIG = JobFile("train/drafter/config.json", DrafterConfigFile, "work")
 REPORT = JobFile("report.json", ValidationReport, "work")
 
 EXPORTED_REPORT = JobFile(REPORT.path, ValidationReport, "out")
 EXPORTED_STEP_RECORDS = JobFile(StepRecord.FILE, StepRecord, "out")
-EXPORTED_DRAFTER_CONFIG = JobFile("drafter/config.json", DrafterShape, "out")
+EXPORTED_DRAFTER_CONFIG = JobFile("drafter/config.json", DrafterConfigFile, "out")
 DRAFTER_RECORD = JobFile(DrafterRecord.FILE, DrafterRecord, "out")
 MANIFEST = JobFile(Manifest.FILE, Manifest, "out")
 

@@ -295,6 +295,9 @@ class CheckpointRecord(VersionedFile):
     record inferred from an older checkpoint's files sets only what the files tell
     (trainer/training/checkpoint_record.py), and resume checks only the fields set."""
 
+    FILE: ClassVar[str] = "engine.json"
+    """Its name in the checkpoint's folder."""
+
     engine: str = Field(description="plain (trainer/training/local_engine.py) or deepspeed.")
     zero_stage: int | None = Field(default=None, description="DeepSpeed's ZeRO stage; None for the plain engine.")
     world_size: int | None = Field(default=None, description="Processes that trained (DeepSpeed's ranks).")

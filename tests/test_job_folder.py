@@ -3,11 +3,13 @@ and the export put each file where the table says, and an exported folder's file
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from schemas.job_folder import (
     DATA_META,
     DRAFTER_CONFIG,
+    EXPORTED_DRAFTER_CONFIG,
     EXPORTED_REPORT,
     EXPORTED_STEP_RECORDS,
     JOB_FILES,
@@ -52,3 +54,12 @@ def test_an_exported_folder_reads_by_the_tables_models():
 def test_every_file_has_one_place():
     places = [(file.folder, file.path) for file in JOB_FILES]
     assert len(places) == len(set(places)) and all(not path.startswith("/") for _, path in places)
+
+
+def test_the_drafters_config_reads_whole_by_the_tables_model():
+    from drafters import EXPORTED_CONFIG
+
+    written = EXPORTED_CONFIG.to_hf_dict()  # drafter/config.json as the export writes it
+    config = EXPORTED_DRAFTER_CONFIG.model.read(written)
+    assert config.to_json() == json.loads(json.dumps(written))  # nothing dropped, nothing added: engines read it
+    assert config.dflash_config is not None and config.dflash_config["mask_token_id"] == EXPORTED_CONFIG.mask_token_id

@@ -32,7 +32,7 @@ from trainer.errors import CheckpointMismatch
 from trainer.training.config import TrainConfig
 from trainer.training.local_engine import STATE_FILE, LocalEngine
 
-RECORD_FILE = "engine.json"
+RECORD_FILE = CheckpointRecord.FILE
 PLAIN, DEEPSPEED = "plain", "deepspeed"
 CHECKED = ("engine", "zero_stage", "world_size", "dtype", "drafter_adapter_rank", "drafter_adapter_alpha")
 """The fields a resuming run must match, where the checkpoint's record sets them."""
