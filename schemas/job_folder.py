@@ -37,6 +37,16 @@ from schemas.work_files import DataMeta, LenientModel, StepRecord
 M = TypeVar("M", bound=LenientModel, covariant=True)
 
 
+class DraftsmithConfig(LenientModel):
+    """config.json's `draftsmith` section: what Draftsmith adds to the reference config (trainer/drafter/config.py
+    `to_hf_dict`, the export's block size and confidence map), each key only where it is known."""
+
+    target_fingerprint: str | None = None
+    draft_vocab_size: int | None = None
+    recommended_block_size: int | None = None
+    confidence: dict[str, Any] | None = None
+
+
 class DrafterConfigFile(LenientModel):
     """drafter/config.json as a reader outside the trainer sees it: a Hugging Face config (the reference `dflash`
     package's), kept whole. Not versioned: its shape is the engines', not ours. The trainer parses it into its own
@@ -50,8 +60,7 @@ class DrafterConfigFile(LenientModel):
     block_size: int | None = None
     dflash_config: dict[str, Any] | None = Field(default=None, description="block_size, mask_token_id and "
                                                  "target_layer_ids, as the reference package reads them.")
-    draftsmith: dict[str, Any] | None = Field(default=None, description="What Draftsmith adds: the target's "
-                                              "fingerprint, the shipped confidence map.")
+    draftsmith: DraftsmithConfig | None = None
 
 
 @dataclass(frozen=True)

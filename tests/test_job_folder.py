@@ -63,3 +63,7 @@ def test_the_drafters_config_reads_whole_by_the_tables_model():
     config = EXPORTED_DRAFTER_CONFIG.model.read(written)
     assert config.to_json() == json.loads(json.dumps(written))  # nothing dropped, nothing added: engines read it
     assert config.dflash_config is not None and config.dflash_config["mask_token_id"] == EXPORTED_CONFIG.mask_token_id
+    ours = EXPORTED_DRAFTER_CONFIG.model.read({**written, "draftsmith": {"target_fingerprint": "sha256:ff",
+                                                                         "recommended_block_size": 3}})
+    assert ours.draftsmith is not None and (ours.draftsmith.target_fingerprint, ours.draftsmith.recommended_block_size) \
+        == ("sha256:ff", 3)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from domain.artifacts import artifact_named, artifacts_of
 from domain.models import Job
-from schemas.job_folder import EXPORTED_DRAFTER_CONFIG, EXPORTED_REPORT, MANIFEST
+from schemas.job_folder import EXPORTED_DRAFTER_CONFIG, EXPORTED_REPORT, MANIFEST, DrafterConfigFile
 from schemas.job_spec import HuggingFaceDestination, JobSpec, S3Destination
 from schemas.manifest import Manifest
 from schemas.validation_report import ValidationReport
@@ -114,8 +114,8 @@ def _artifacts_here(ctx: WorkerContext, job_id: str, reporter: StageReporter) ->
 
 
 def _fingerprint(folder: Path) -> str:
-    config = json.loads((folder / EXPORTED_DRAFTER_CONFIG.path).read_text())
-    return str((config.get("draftsmith") or {}).get("target_fingerprint") or "")
+    config = DrafterConfigFile.read(json.loads((folder / EXPORTED_DRAFTER_CONFIG.path).read_text()))
+    return (config.draftsmith.target_fingerprint if config.draftsmith else None) or ""
 
 
 def _to_s3(client, bucket: str, prefix: str, job: Job, destination: S3Destination, folder: Path,  # noqa: ANN001
