@@ -315,7 +315,7 @@ def test_export_ships_the_adapter_beside_the_merged_drafter_and_reports_its_size
     export = tmp_path / "export"
     manifest = export_artifacts(drafter_dir, target, export, report=report)
     assert {f"{ADAPTER_DIR}/adapter_config.json", f"{ADAPTER_DIR}/adapter_model.safetensors",
-            f"{ADAPTER_DIR}/README.md", "drafter/model.safetensors"} <= set(manifest["files"])
+            f"{ADAPTER_DIR}/README.md", "drafter/model.safetensors"} <= set(manifest.files)
     assert verify_manifest(export) == []
     shipped = json.loads((export / ADAPTER_DIR / "adapter_config.json").read_text())
     assert shipped["base_model_name_or_path"] == PARENT  # as the job names it, never the worker's local copy
@@ -331,7 +331,7 @@ def test_export_ships_the_adapter_beside_the_merged_drafter_and_reports_its_size
 
     full = tmp_path / "full"  # a drafter without an adapter, exported into the same folder: none is left behind
     shutil.copytree(drafter_dir, full / "drafter")
-    assert not any(name.startswith(ADAPTER_DIR) for name in export_artifacts(full / "drafter", target, export)["files"])
+    assert not any(name.startswith(ADAPTER_DIR) for name in export_artifacts(full / "drafter", target, export).files)
     assert not (export / ADAPTER_DIR).exists()
 
 
