@@ -251,6 +251,13 @@ def store_artifact(
                              sha256=stored.sha256, kind=kind, content_type=content_type, stage=stage)
 
 
+def read_artifact(session: Session, storage: LocalStorage | S3Storage, job_id: str, name: str) -> bytes | None:
+    """A registered artifact's content, for the small records a later stage reads back (drafter-record.json,
+    manifest.json); None when the job has no artifact of that name."""
+    row = artifact_named(session, job_id, name)
+    return None if row is None else b"".join(storage.open_chunks(row.storage_key))
+
+
 def finish_stage(session: Session, job_id: str, stage: Stage | str) -> JobStatus:
     """Mark the running attempt succeeded; the last stage makes the job succeeded."""
     stage = Stage(stage)

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from domain.artifacts import artifact_named, artifacts_of
+from domain.artifacts import artifacts_of
 from domain.drafters import published_drafter
 from domain.models import Job
 from domain.settings import Settings
@@ -57,6 +57,7 @@ from worker.sources import (
     local_file,
     open_s3,
 )
+from worker.sync import job_work
 
 DRAFTER_FILES = ("config.json", "*.safetensors", "report.json", "drafter/config.json", "drafter/*.safetensors")
 
@@ -154,27 +155,25 @@ def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
     (schemas/lineage.py `DrafterRecord`); the rest of the lineage comes from the job's work files in object storage
     (this may be a CPU worker that ran none of the other stages), each through its model (schemas/work_files.py): a
     file missing or a field that does not fit leaves that part of the lineage empty, never the drafter unrecorded."""
-    session = records.session
-    prefix = f"jobs/{job.id}/work"
+    work_files = job_work(ctx.storage, job.id, ctx.job_dir(job.id))
 
     def work(name: str) -> dict[str, Any]:
-        key = f"{prefix}/{name}"
-        return json.loads(_read(ctx, key)) if ctx.storage.exists(key) else {}
+        stored = work_files.read(name)
+        return json.loads(stored) if stored is not None else {}
 
     sources, prepared = PinnedSources.read(work(SOURCES.path)), PreparedTarget.read(work(PREPARED.path))
     generated = StageMarker.read(work(STAGE_MARKER.name(stage=Stage.GENERATE)))
     trained = StageMarker.read(work(STAGE_MARKER.name(stage=Stage.TRAIN)))
-    manifest = artifact_named(session, job.id, MANIFEST.path)
-    if manifest is None:
+    manifest_bytes = records.read_artifact(MANIFEST.path)
+    if manifest_bytes is None:
         raise DraftsmithError("the job has no exported manifest.json to record")
-    manifest_bytes = _read(ctx, manifest.storage_key)
-    record = _drafter_record(ctx, session, job.id, work)
+    record = _drafter_record(records, work)
     data = DataLineage(
         source=spec.data.source, source_revision=sources.prompts.revision if sources.prompts else None,
         count=spec.data.count, holdout_share=spec.data.holdout_share,
         train_prompts=prepared.train_prompts, holdout_prompts=prepared.holdout_prompts,
         examples=generated.examples, response_tokens=generated.response_tokens,
-        snapshot=_snapshot(ctx.storage.list_keys(f"{prefix}/data"), f"{prefix}/data"))
+        snapshot=_snapshot(work_files.remote("data"), work_files.prefix))
     pinned = sources.target or PinnedSource()
     lineage = DrafterLineage.written(
         target=PinnedSource(uri=spec.target.uri, revision=pinned.revision, pinned_uri=pinned.pinned_uri),
@@ -191,13 +190,13 @@ def record_lineage(ctx, job: Job, spec: JobSpec, records: JobRecords) -> str:
         manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest())
 
 
-def _drafter_record(ctx, session, job_id: str, work: Callable[[str], dict[str, Any]]) -> DrafterRecord:
+def _drafter_record(records: JobRecords, work: Callable[[str], dict[str, Any]]) -> DrafterRecord:
     """The export's drafter-record.json, read as written (a record that does not fit its model is the export's bug,
     and fails the publish stage naming it)."""
-    stored = artifact_named(session, job_id, DrafterRecord.FILE)
+    stored = records.read_artifact(DrafterRecord.FILE)
     if stored is not None:
         try:
-            return DrafterRecord.read(json.loads(_read(ctx, stored.storage_key)))
+            return DrafterRecord.read(json.loads(stored))
         except ValidationError as error:
             raise DraftsmithError(f"the job's {DrafterRecord.FILE} does not fit its model: {error}") from None
     # Fallback, kept for the jobs in flight across the release that added the record: export and publish are stages
@@ -207,10 +206,10 @@ def _drafter_record(ctx, session, job_id: str, work: Callable[[str], dict[str, A
     # is derived here. Delete this once no job exported before drafter-record.json remains unpublished.
     from trainer.export import record_of_export
 
-    config = artifact_named(session, job_id, EXPORTED_DRAFTER_CONFIG.path)
+    config = records.read_artifact(EXPORTED_DRAFTER_CONFIG.path)
     if config is None:
         raise DraftsmithError(f"the job has no exported {DrafterRecord.FILE} (nor drafter/config.json) to record")
-    return record_of_export(json.loads(_read(ctx, config.storage_key)), work(REPORT.path))
+    return record_of_export(json.loads(config), work(REPORT.path))
 
 
 def _parent(spec: JobSpec, pinned: PinnedSource | None, warm_start: WarmStart | None) -> ParentLineage | None:
@@ -228,15 +227,9 @@ def _parent(spec: JobSpec, pinned: PinnedSource | None, warm_start: WarmStart | 
     return parent
 
 
-def _snapshot(data_keys: dict[str, Any], location: str) -> DataSnapshot:
-    digest = hashlib.sha256(json.dumps(sorted(data_keys.items())).encode()).hexdigest()
-    return DataSnapshot(location=location, files=len(data_keys), digest=digest)
-
-
-def _read(ctx, key: str) -> bytes:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "file"
-        ctx.storage.get_file(key, path)
-        return path.read_bytes()
+def _snapshot(data_files: dict[str, int], prefix: str) -> DataSnapshot:
+    """The stored data set (`data_files`: {path below the work folder: size}, the work folder at key `prefix`):
+    its files' keys and sizes, digested."""
+    keys = {f"{prefix}/{relative}": size for relative, size in data_files.items()}
+    digest = hashlib.sha256(json.dumps(sorted(keys.items())).encode()).hexdigest()
+    return DataSnapshot(location=f"{prefix}/data", files=len(keys), digest=digest)

@@ -21,7 +21,7 @@ from worker.context import WorkerContext
 from worker.drafters import resolve_drafter
 from worker.reporting import JobRecords
 from worker.sources import Caller, ShouldStop, resolve_prompts, resolve_target
-from worker.sync import WorkSync
+from worker.sync import job_work
 
 
 def launch_for(settings: Settings) -> Launch:
@@ -40,7 +40,7 @@ class JobFiles:
     def __init__(self, ctx: WorkerContext, job_id: str):
         root = ctx.job_dir(job_id)
         self.layout = Layout.under(root / "work", root / "artifacts")
-        self.sync = WorkSync(ctx.storage, f"jobs/{job_id}/work", root / "work")
+        self.sync = job_work(ctx.storage, job_id, root)
 
     @property
     def work(self) -> Path:

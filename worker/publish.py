@@ -24,12 +24,12 @@ import json
 import shutil
 from pathlib import Path
 
-from domain.artifacts import artifact_named, artifacts_of
+from domain.artifacts import artifacts_of
 from domain.models import Job
-from schemas.job_folder import EXPORTED_DRAFTER_CONFIG, EXPORTED_REPORT, MANIFEST, DrafterConfigFile
+from schemas.job_folder import EXPORTED_DRAFTER_CONFIG, MANIFEST, DrafterConfigFile
 from schemas.job_spec import HuggingFaceDestination, JobSpec, S3Destination
+from schemas.lineage import DrafterRecord
 from schemas.manifest import Manifest
-from schemas.validation_report import ValidationReport
 from trainer.errors import DraftsmithError
 from worker.context import WorkerContext
 from worker.reporting import StageReporter
@@ -82,15 +82,14 @@ def publish_job(ctx: WorkerContext, job: Job, spec: JobSpec, reporter: StageRepo
 
 
 def announce_warm_start_advice(ctx: WorkerContext, job: Job, reporter: StageReporter) -> str | None:
-    """A warm-started job's advice (report.json `warm_start.advice`: keep_parent or serve_new), said in an event
-    before anything is published: a drafter whose gain over its parent is not shown is still published (it is
-    lossless), but whoever rolls it out reads to keep serving the parent. None for a job without a parent."""
-    row = artifact_named(reporter.session, job.id, EXPORTED_REPORT.path)
-    if row is None:
+    """A warm-started job's advice (report.json `warm_start.advice`: keep_parent or serve_new, as the export's
+    drafter-record.json carries it), said in an event before anything is published: a drafter whose gain over its
+    parent is not shown is still published (it is lossless), but whoever rolls it out reads to keep serving the
+    parent. None for a job without a parent."""
+    stored = reporter.read_artifact(DrafterRecord.FILE)
+    if stored is None:
         return None
-    path = ctx.job_dir(job.id) / "publish-report.json"
-    ctx.storage.get_file(row.storage_key, path)
-    warm_start = ValidationReport.load(path).warm_start
+    warm_start = DrafterRecord.read(json.loads(stored)).warm_start
     if warm_start is None or warm_start.advice is None:
         return None
     gain = warm_start.gain_sampled

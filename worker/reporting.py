@@ -60,6 +60,9 @@ class JobRecords:
         runs.store_artifact(self.session, self.ctx.storage, self.job_id, name, path, kind=kind,
                               content_type=content_type, stage=self.stage)
 
+    def read_artifact(self, name: str) -> bytes | None:
+        return runs.read_artifact(self.session, self.ctx.storage, self.job_id, name)
+
     def record_publication(self, *, kind: str, location: str, revision: str | None, url: str | None) -> None:
         runs.record_publication(self.session, self.job_id, kind=kind, location=location, revision=revision,
                                   url=url)

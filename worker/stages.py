@@ -80,7 +80,7 @@ def _execute_stage(ctx: WorkerContext, job: Job, stage: Stage, reporter: StageRe
             info = _run_trainer_stage(ctx, job, stage, reporter, send_helpers, files, spec)
     # A summary's own keys are kept as they are; anything not JSON is written as its text, as it always was.
     stored = StageMarker.written(**info).model_dump(mode="json", exclude_unset=True, fallback=str)
-    ctx.storage.put_bytes(f"jobs/{job.id}/work/{marker}", json.dumps(stored).encode())
+    files.sync.put_bytes(marker, json.dumps(stored).encode())
     return info
 
 

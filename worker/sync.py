@@ -35,6 +35,16 @@ class WorkSync:
     def has(self, relative: str) -> bool:
         return self.storage.exists(self._key(relative))
 
+    def read(self, relative: str) -> bytes | None:
+        """One small work file as stored (None: not stored), for a stage that reads another stage's record without
+        mirroring the folder (publish, on a worker that may have run nothing else)."""
+        key = self._key(relative)
+        return b"".join(self.storage.open_chunks(key)) if self.storage.exists(key) else None
+
+    def put_bytes(self, relative: str, data: bytes) -> None:
+        """Store a record written nowhere locally (a stage's marker), under the job's work files."""
+        self.storage.put_bytes(self._key(relative), data)
+
     def pull(self, *unders: str) -> None:
         """Download everything stored below each relative path (a file or a directory) that differs locally."""
         for under in unders:
@@ -86,3 +96,8 @@ class WorkSync:
     def _remember(self, relative: str, local: Path) -> None:
         stat = os.stat(local)
         self._known[relative] = (stat.st_size, stat.st_mtime_ns)
+
+
+def job_work(storage: LocalStorage | S3Storage, job_id: str, job_dir: Path) -> WorkSync:
+    """The job's work files: `jobs/<job_id>/work/` in storage, `<job_dir>/work` on this machine."""
+    return WorkSync(storage, f"jobs/{job_id}/work", job_dir / "work")

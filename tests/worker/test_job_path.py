@@ -27,8 +27,9 @@ from domain.queue import all_queues
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("api", "domain", "worker", "trainer", "schemas", "kernels")
-MAX_MOVES = 22
-"""Links between packages today: the goal is 12."""
+MAX_MOVES = 16
+"""Links between packages today (22 before the worker read a job's records through one door each, 18 on
+2026-12-06): the goal is 12."""
 MAX_ENTRIES = 10
 """The most other files entering one file today (trainer/atomic.py, the atomic writes every stage makes)."""
 

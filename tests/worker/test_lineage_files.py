@@ -35,22 +35,30 @@ class Storage:
     def exists(self, key: str) -> bool:
         return key in self.files
 
-    def get_file(self, key: str, path: Path) -> None:
-        Path(path).write_bytes(self.files[key])
+    def open_chunks(self, key: str):
+        yield self.files[key]
 
     def list_keys(self, prefix: str) -> dict[str, int]:
         return {key: len(value) for key, value in self.files.items() if key.startswith(prefix)}
 
 
 class Records:
+    """The publish stage's records: the job's registered artifacts (name -> storage key) read from `storage`."""
+
     session = None
+
+    def __init__(self, storage: Storage, artifacts: dict[str, str]):
+        self.storage, self.artifacts = storage, artifacts
+
+    def read_artifact(self, name: str) -> bytes | None:
+        return self.storage.files[self.artifacts[name]] if name in self.artifacts else None
 
     def record_drafter(self, **recorded) -> str:
         self.recorded = recorded
         return "drf_recorded"
 
 
-def record(monkeypatch, work: dict[str, object], spec: dict | None = None, drafter: dict | None = None) -> dict:
+def record(work: dict[str, object], spec: dict | None = None, drafter: dict | None = None) -> dict:
     """What record_lineage hands the drafters table. `drafter`: the export's drafter-record.json; None: a job
     exported before the record existed (its drafter/config.json and report.json only)."""
     import worker.drafters
@@ -58,12 +66,12 @@ def record(monkeypatch, work: dict[str, object], spec: dict | None = None, draft
     artifacts = {"manifest.json": "artifacts/manifest.json", "drafter/config.json": "artifacts/config.json"}
     if drafter is not None:
         artifacts[DrafterRecord.FILE] = f"artifacts/{DrafterRecord.FILE}"
-    monkeypatch.setattr(worker.drafters, "artifact_named", lambda session, job_id, name: SimpleNamespace(
-        storage_key=artifacts[name]) if name in artifacts else None)
     files = {f"{WORK}/{name}": content for name, content in work.items()}
     files |= {"artifacts/manifest.json": {"files": []}, "artifacts/config.json": DRAFTER_CONFIG,
               f"artifacts/{DrafterRecord.FILE}": drafter, f"{WORK}/data/shard-0.parquet": "rows"}
-    ctx, records = SimpleNamespace(storage=Storage(files)), Records()
+    storage = Storage(files)
+    ctx, records = SimpleNamespace(storage=storage, job_dir=lambda job_id: Path("/nonexistent") / job_id), \
+        Records(storage, artifacts)
     job_spec = JobSpec.model_validate(spec or {"target": {"uri": "bundled:smollm2-135m"}})
     assert worker.drafters.record_lineage(ctx, SimpleNamespace(id="job_1"), job_spec, records) == "drf_recorded"
     return records.recorded
@@ -81,8 +89,8 @@ GOOD = {
 }
 
 
-def test_lineage_of_well_formed_unversioned_files(monkeypatch):
-    recorded = record(monkeypatch, GOOD)
+def test_lineage_of_well_formed_unversioned_files():
+    recorded = record(GOOD)
     lineage, metrics = recorded["lineage"], recorded["metrics"]
     assert isinstance(lineage, DrafterLineage) and isinstance(metrics, DrafterMetrics)
     assert isinstance(recorded["config"], DrafterShape) and recorded["config"].target_layer_ids == [1, 2]
@@ -98,7 +106,7 @@ def test_lineage_of_well_formed_unversioned_files(monkeypatch):
     assert metrics.serving is not None and metrics.serving.vllm == {"method": "dflash", "num_speculative_tokens": 3}
 
 
-def test_a_warm_starts_lineage_names_the_parents_format_gain_and_advice(monkeypatch):
+def test_a_warm_starts_lineage_names_the_parents_format_gain_and_advice():
     """A specialised drafter's record says what its parent was (format and method, recognised by content), what
     it gained over it at the job's parameters with the interval, and which of the two to serve: what the report
     measured, carried as written, so the drafter list answers "did training pay?" without opening report.json."""
@@ -109,7 +117,7 @@ def test_a_warm_starts_lineage_names_the_parents_format_gain_and_advice(monkeypa
     work = {**GOOD, "report.json": {**REPORT, "warm_start": warm_start},
             "sources.json": {**GOOD["sources.json"], "init": {"uri": "hf://z-lab/parent", "revision": "abc"}}}
     spec = {"target": {"uri": "bundled:smollm2-135m"}, "init": {"from_drafter": "hf://z-lab/parent"}}
-    recorded = record(monkeypatch, work, spec)
+    recorded = record(work, spec)
     parent = recorded["lineage"].to_json()["parent"]
     assert (parent["ref"], parent["revision"], parent["tau_on_this_target"]) == ("hf://z-lab/parent", "abc", 1.3)
     assert parent["origin"]["format"] == "z-lab" and parent["origin"]["upgrades"] == ["DFlash to DFlash 2"]
@@ -118,17 +126,17 @@ def test_a_warm_starts_lineage_names_the_parents_format_gain_and_advice(monkeypa
     assert "adapter" not in parent  # every weight was trained
 
 
-def test_a_drafter_adapter_jobs_lineage_carries_the_adapters_size(monkeypatch):
+def test_a_drafter_adapter_jobs_lineage_carries_the_adapters_size():
     adapter = {"rank": 16, "alpha": 32, "trainable_parameters": 400_000, "drafter_parameters": 40_000_000,
                "trainable_share": 0.01, "bytes": 1_600_000, "folder": "drafter-adapter"}
     work = {**GOOD, "report.json": {**REPORT, "warm_start": {"parent_tau": 1.3, "tau": 1.5, "adapter": adapter}}}
     spec = {"target": {"uri": "bundled:smollm2-135m"}, "init": {"from_drafter": "hf://z-lab/parent"},
             "training": {"drafter_adapter": {"rank": 16}}}
-    parent = record(monkeypatch, work, spec)["lineage"].to_json()["parent"]
+    parent = record(work, spec)["lineage"].to_json()["parent"]
     assert parent["adapter"] == adapter
 
 
-def test_a_stage_file_with_a_bad_field_still_yields_lineage(monkeypatch):
+def test_a_stage_file_with_a_bad_field_still_yields_lineage():
     """The planted violation: fields of the wrong type in the train marker, prepare.json and sources.json. Read by
     key they would reach the drafter row as they are (or fail the publish stage); read through the models, each
     is dropped and everything else is recorded."""
@@ -137,7 +145,7 @@ def test_a_stage_file_with_a_bad_field_still_yields_lineage(monkeypatch):
            "stages/generate.json": {"examples": [90], "response_tokens": 4000},
            "prepare.json": {**GOOD["prepare.json"], "train_prompts": {"n": 90}},
            "sources.json": {**GOOD["sources.json"], "target": "bundled:smollm2-135m@r1"}}
-    stored = record(monkeypatch, bad)["lineage"].to_json()
+    stored = record(bad)["lineage"].to_json()
     assert stored["training"] == {"steps": None, "final_loss": 2.5, "train_tau_estimate": 1.4}
     assert stored["code"] == {}  # an unreadable environment: none recorded, as for a job that had no marker
     assert stored["data"]["examples"] is None and stored["data"]["response_tokens"] == 4000
@@ -146,8 +154,8 @@ def test_a_stage_file_with_a_bad_field_still_yields_lineage(monkeypatch):
     assert DrafterLineage.read(stored) == DrafterLineage.read(json.loads(json.dumps(stored)))
 
 
-def test_missing_work_files_leave_their_part_empty(monkeypatch):
-    recorded = record(monkeypatch, {"report.json": REPORT})
+def test_missing_work_files_leave_their_part_empty():
+    recorded = record({"report.json": REPORT})
     stored = recorded["lineage"].to_json()
     assert recorded["target_fingerprint"] == "sha256:report" and recorded["target_revision"] is None
     assert stored["training"] == {"steps": None, "final_loss": None, "train_tau_estimate": None}
@@ -162,7 +170,7 @@ def test_the_worker_writes_markers_and_sources_through_the_models():
     assert PinnedSources.read(sources.to_json()).target == sources.target
 
 
-def test_the_record_the_export_writes_is_what_the_worker_records(monkeypatch):
+def test_the_record_the_export_writes_is_what_the_worker_records():
     """A new job: shape, metrics and serving flags are drafter-record.json's, field for field, and the worker reads
     neither report.json nor drafter/config.json for them (both absent from storage here but the record's source).
     The same job exported before the record existed (no drafter-record.json) is recorded identically."""
@@ -171,7 +179,7 @@ def test_the_record_the_export_writes_is_what_the_worker_records(monkeypatch):
     written = drafter_record(EXPORTED_CONFIG, ValidationReport.read(report)).to_json()
     spec = {"target": {"uri": "bundled:smollm2-135m"}, "init": {"from_drafter": "hf://z-lab/parent"}}
     work = {name: content for name, content in GOOD.items() if name != "report.json"}
-    new = record(monkeypatch, work, spec, drafter=json.loads(json.dumps(written)))
+    new = record(work, spec, drafter=json.loads(json.dumps(written)))
     assert new["config"].to_json() == written["shape"] and new["metrics"].to_json() == written["metrics"]
     assert written["metrics"]["serving"] == {
         "sglang": "--speculative-algorithm DFLASH --speculative-num-draft-tokens 4",
@@ -180,16 +188,16 @@ def test_the_record_the_export_writes_is_what_the_worker_records(monkeypatch):
     assert written["shape"] == {"version": 1, "hidden_size": 64, "vocab_size": 512, "num_target_layers": 4,
                                 "target_layer_ids": [1, 2], "mask_token_id": 5, "architecture": "DFlashDraftModel"}
     assert new["lineage"].to_json()["parent"]["tau_on_this_target"] == 1.3
-    old = record(monkeypatch, {**work, "report.json": report}, spec)
+    old = record({**work, "report.json": report}, spec)
     for key in ("config", "metrics", "lineage"):
         assert new[key].to_json() == old[key].to_json(), key
     assert {k: v for k, v in new.items() if k not in ("config", "metrics", "lineage")} == {
         k: v for k, v in old.items() if k not in ("config", "metrics", "lineage")}
 
 
-def test_a_record_missing_what_the_export_always_writes_fails_the_publish(monkeypatch):
+def test_a_record_missing_what_the_export_always_writes_fails_the_publish():
     from trainer.errors import DraftsmithError
 
     written = drafter_record(EXPORTED_CONFIG, ValidationReport.read(REPORT)).to_json()
     with pytest.raises(DraftsmithError, match="drafter-record.json does not fit"):
-        record(monkeypatch, GOOD, drafter={**written, "shape": {**written["shape"], "hidden_size": None}})
+        record(GOOD, drafter={**written, "shape": {**written["shape"], "hidden_size": None}})

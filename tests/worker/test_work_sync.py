@@ -40,3 +40,15 @@ def test_a_checkpoint_pruned_while_it_is_mirrored_is_skipped_and_then_deleted_re
     sync.push(work / "train" / "checkpoints")
     assert set(sync.remote("train/checkpoints")) == {"train/checkpoints/step-000020/mp_rank_00_model_states.pt",
                                                       "train/checkpoints/latest"}
+
+
+def test_a_record_is_read_and_stored_under_the_jobs_work_files_only(tmp_path):
+    from worker.sync import job_work
+
+    storage = LocalStorage(tmp_path / "storage")
+    work = job_work(storage, "job_1", tmp_path / "cache" / "job_1")
+    assert work.read("stages/train.json") is None  # not stored: nothing to read, no error
+    work.put_bytes("stages/train.json", b'{"steps": 4}')
+    assert storage.exists("jobs/job_1/work/stages/train.json") and not (tmp_path / "cache").exists()
+    assert work.read("stages/train.json") == b'{"steps": 4}'
+    assert job_work(storage, "job_2", tmp_path / "cache" / "job_2").read("stages/train.json") is None
