@@ -46,6 +46,8 @@ REQUIREMENTS = (
     # transformers loads a GGUF (the bundled target) only with accelerate; data shards are parquet
     # (trainer/data/store.py); LoRA targets merge through peft (trainer/targets/adapters.py)
     *project_pins("accelerate", "pyarrow", "peft"),
+    # a Gemma 3 target's GGUF export reads its SentencePiece model (trainer/export/gguf_sentencepiece.py)
+    *project_pins("sentencepiece"),
     # the base set that `draftsmith run` imports (pyproject.toml [project]; rich as it declares it, unpinned)
     *project_pins("pydantic", "click"), *project_pins("rich", exact=False),
     # deepspeed's own requirements (its wheel is built here, installed --no-deps so it cannot pull a torch)

@@ -13,6 +13,7 @@ from test_data import write_prompts
 
 from bench.peers import nemo_automodel_peer as peer
 from bench.peers.peer_run import OUR_SCHEDULE, PeerFailed, PeerRow
+from schemas.work_files import DataMeta
 from trainer.data.prompts import load_prompts
 
 
@@ -44,7 +45,8 @@ class FakeStore:
 
     def __init__(self, root: Path, examples: list):
         self.root, self._examples = root, examples
-        self.meta = {"target_fingerprint": "sha256:tiny", "prompt_ids": [e.id for e in examples], "sampling": {}}
+        self.meta = DataMeta(target_fingerprint="sha256:tiny", prompt_ids=[e.id for e in examples], sampling={},
+                             tap_layer_ids=[1], hidden_cached=False, shard_size=len(examples))
 
     def examples(self, **_):
         return list(self._examples)
